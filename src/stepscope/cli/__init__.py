@@ -1,0 +1,1 @@
+"""Thin command modules: parse options, call one library function, print. No measurement logic here."""

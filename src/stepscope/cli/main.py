@@ -1,0 +1,63 @@
+"""The `stepscope` command: builds the parser from the command modules and maps errors to exit codes.
+
+Exit codes: 0 success; 2 bad input (one line on stderr, no traceback); 130 interrupted (finished
+points stay in the record store). Command modules import torch lazily, so `stepscope show` is quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import NoReturn, Sequence
+
+from stepscope.errors import UsageError
+
+# one module per command group, each with `register(subparsers)`
+COMMAND_MODULES = ["step", "show", "models", "precision"]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (no usage dump) and exit code 2, and no
+    abbreviated options (`--n-layer` must not silently mean `--n-layers`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> Parser:
+    from stepscope import __version__
+
+    parser = Parser(prog="stepscope", description="Measure, model and speed up transformer training steps.")
+    parser.add_argument("--version", action="version", version=f"stepscope {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"stepscope.cli.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as error:
+        print(f"stepscope: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("stepscope: interrupted; finished points are kept in the record store", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""`stepscope show PATH`: render stored records as a table, CSV, Markdown or JSON."""
+
+from __future__ import annotations
+
+import argparse
+
+from stepscope.results.views import FORMATS
+
+# statistics hidden by default (the median stays): `--columns all` shows everything
+_QUIET_SUFFIXES = ("_mean", "_std", "_min", "_max", "_p10", "_p90", "_n")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("show", help="render stored records", description=(
+        "Render records from a .jsonl file or a results folder. Default columns: the configuration fields "
+        "that differ between records, the status, and the metrics (medians, not every statistic)."))
+    parser.add_argument("path", help="a .jsonl file or a folder of them (e.g. stepscope-results)")
+    parser.add_argument("--format", default="table", choices=FORMATS)
+    parser.add_argument("--columns", default=None, help="comma list of columns to show, or `all`")
+    parser.add_argument("--group-by", default=None, help="one table per value of these columns (comma list)")
+    parser.add_argument("--kind", default=None, help="only records of this kind (step, profile, comm, ...)")
+    parser.add_argument("--status", default=None, help="only records with this status (ok, oom, ...)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stepscope.cli.options import parse_list
+    from stepscope.cli.output import Printer
+    from stepscope.errors import UsageError
+    from stepscope.results.store import read_records
+    from stepscope.results.views import columns_of, record_row, varying_columns
+
+    records = read_records(args.path)
+    if args.kind:
+        records = [r for r in records if r.get("kind") == args.kind]
+    if args.status:
+        records = [r for r in records if r.get("status") == args.status]
+    if not records:
+        raise UsageError(f"no records in {args.path}" + (f" matching the filters" if args.kind or args.status else ""))
+    rows = [record_row(r) for r in records]
+    available = columns_of(rows)
+    if args.columns == "all":
+        columns = available
+    elif args.columns:
+        columns = parse_list(args.columns, str, "--columns")
+        unknown = [c for c in columns if c not in available]
+        if unknown:
+            raise UsageError(f"unknown column {unknown[0]!r}; available: {', '.join(available)}")
+    else:
+        config_keys = [c for c in columns_of([record_row({"config": r["config"]}) for r in records])
+                       if c not in ("kind", "status")]
+        metric_keys = [c for c in columns_of([record_row({"metrics": r["metrics"]}) for r in records])
+                       if c not in ("kind", "status") and not c.endswith(_QUIET_SUFFIXES)]
+        kinds = ["kind"] if len({r.get("kind") for r in records}) > 1 else []
+        identity = varying_columns(rows, config_keys) or [c for c in config_keys if "." not in c][:6]
+        columns = kinds + identity + ["status"] + metric_keys
+        if any("note" in row for row in rows):
+            columns.append("note")
+    printer = Printer(args.format)
+    if not args.group_by:
+        printer.emit(rows, columns=columns)
+        return 0
+    group_by = parse_list(args.group_by, str, "--group-by")
+    unknown = [c for c in group_by if c not in available]
+    if unknown:
+        raise UsageError(f"unknown --group-by column {unknown[0]!r}; available: {', '.join(available)}")
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(tuple(str(row.get(c)) for c in group_by), []).append(row)
+    shown = [c for c in columns if c not in group_by]
+    for values, group in groups.items():
+        title = ", ".join(f"{c}={v}" for c, v in zip(group_by, values))
+        printer.emit(group, columns=shown, title=title)
+    return 0

@@ -1,0 +1,1 @@
+"""Attention kernels: FlashAttention-2 in tiled PyTorch and in Triton, each beside the naive reference."""

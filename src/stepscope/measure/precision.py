@@ -1,0 +1,97 @@
+"""Two classic mixed-precision experiments.
+
+- `accumulate`: add 0.01 a thousand times (exact answer 10) in fp32, fp16, bf16 and mixed
+  accumulators: shows why accumulators stay in fp32.
+- `autocast_dtypes`: one forward and backward under autocast; for each module the dtype of its
+  parameters, outputs and gradients, and the loss dtype: shows what autocast really runs in low precision.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from stepscope.measure.device import autocast, dtype_of
+
+
+def accumulate(steps: int = 1000, increment: float = 0.01) -> list[dict[str, Any]]:
+    """Sum `increment` `steps` times with different accumulator / increment dtypes."""
+    exact = steps * increment
+    cases = [
+        ("fp32 += fp32", torch.float32, torch.float32, False),
+        ("fp16 += fp16", torch.float16, torch.float16, False),
+        ("bf16 += bf16", torch.bfloat16, torch.bfloat16, False),
+        ("fp32 += fp16", torch.float32, torch.float16, False),
+        ("fp32 += fp16 cast to fp32", torch.float32, torch.float16, True),
+    ]
+    rows = []
+    for name, accumulator_dtype, increment_dtype, cast in cases:
+        total = torch.tensor(0.0, dtype=accumulator_dtype)
+        step = torch.tensor(increment, dtype=increment_dtype)
+        if cast:
+            step = step.to(torch.float32)
+        for _ in range(steps):
+            total += step
+        value = float(total)
+        rows.append({"case": name, "value": value, "abs_error": abs(value - exact),
+                     "rel_error": abs(value - exact) / exact})
+    return rows
+
+
+class ToyModel(nn.Module):
+    """Linear -> ReLU -> LayerNorm -> Linear: the textbook autocast example."""
+
+    def __init__(self, in_features: int = 16, hidden: int = 32, out_features: int = 4) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden)
+        self.relu = nn.ReLU()
+        self.ln = nn.LayerNorm(hidden)
+        self.fc2 = nn.Linear(hidden, out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.ln(self.relu(self.fc1(x))))
+
+
+def _dtype_name(value: Any) -> str | None:
+    if isinstance(value, torch.Tensor):
+        return str(value.dtype).replace("torch.", "")
+    if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor):
+        return _dtype_name(value[0])
+    return None
+
+
+def autocast_dtypes(model: nn.Module, inputs: torch.Tensor, loss_fn, device: torch.device,
+                    precision: str) -> tuple[list[dict[str, Any]], str]:
+    """Per module (in call order): parameter, output and gradient dtypes; plus the loss dtype."""
+    dtype_of(precision)
+    outputs: dict[str, str | None] = {}
+    order: list[str] = []
+    names = {module: name or "(model)" for name, module in model.named_modules()}
+
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        name = names[module]
+        if name not in outputs:
+            order.append(name)
+        outputs[name] = _dtype_name(output)
+
+    handles = [module.register_forward_hook(hook) for module in model.modules()]
+    try:
+        with autocast(device, precision):
+            loss = loss_fn(model(inputs))
+        loss.backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    rows = []
+    modules = dict(model.named_modules())
+    for name in order:
+        module = modules["" if name == "(model)" else name]
+        params = list(module.parameters(recurse=False)) or (list(module.parameters()) if name == "(model)" else [])
+        grads = [p.grad for p in params if p.grad is not None]
+        rows.append({"module": name, "type": type(module).__name__,
+                     "param_dtype": _dtype_name(params[0]) if params else "-",
+                     "output_dtype": outputs[name] or "-",
+                     "grad_dtype": _dtype_name(grads[0]) if grads else "-"})
+    return rows, str(loss.dtype).replace("torch.", "")

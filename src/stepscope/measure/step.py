@@ -1,0 +1,176 @@
+"""`stepscope step`: time a training step per phase and derive tokens/s, FLOP/s, MFU, GEMM fraction.
+
+Derived metrics (formulas visible on purpose):
+- forward FLOPs = tokens x spec.forward_flops_per_token(seq, causal=True); backward = 2 x forward;
+  the step counts forward (+ backward); the optimizer's elementwise work is not counted;
+- achieved FLOP/s = FLOPs / median time; tokens/s = batch·seq / median step time;
+- MFU = achieved / published peak (GPUs with a known peak); on CPUs the GEMM fraction =
+  achieved / the measured rate of a large matmul in the same dtype and thread count (gemm.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from stepscope.measure.device import check_precision, cpu_threads, resolve_device, synchronize
+from stepscope.measure.gemm import gemm_rate
+from stepscope.measure.peaks import peak_flops
+from stepscope.measure.stats import Stats
+from stepscope.measure.timer import PhaseClock
+from stepscope.measure.training import TrainingStep
+from stepscope.nn import get_attention
+from stepscope.spec import ModelSpec, Workload
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """One point of a step benchmark."""
+
+    model: ModelSpec
+    """The model to build (preset plus overrides)."""
+    workload: Workload = field(default_factory=Workload)
+    """Batch, sequence length, precision and mode."""
+    attention: str = "sdpa"
+    """Attention backend name (see `stepscope.nn.attention_backends()`)."""
+    device: str = "auto"
+    """auto, cpu or cuda."""
+    compile: bool = False
+    """Wrap the model in torch.compile (compile time is reported apart and excluded)."""
+    warmup: int = 5
+    """Untimed steps before measuring."""
+    iters: int = 10
+    """Timed steps."""
+    threads: int | None = None
+    """CPU intra-op threads (None: PyTorch's default)."""
+    seed: int = 0
+    """Seed for weights and the random batch."""
+
+    def validate(self) -> None:
+        """Everything that can be checked before building anything (raises UsageError)."""
+        self.workload.check_fits(self.model.context_length)
+        get_attention(self.attention)
+        check_precision(resolve_device(self.device), self.workload.precision)
+        if self.warmup < 0 or self.iters <= 0:
+            from stepscope.errors import UsageError
+
+            raise UsageError(f"need warmup >= 0 and iters > 0, got warmup={self.warmup} iters={self.iters}")
+
+    def record_config(self) -> dict[str, Any]:
+        config = {"model": self.model.name, **self.workload.to_dict()}
+        config.update({k: v for k, v in dataclasses.asdict(self).items() if k not in ("model", "workload")})
+        config["model_spec"] = self.model.to_dict()
+        return config
+
+
+@dataclass
+class StepResult:
+    """Timings (seconds) per phase plus what is needed to derive rates."""
+
+    config: StepConfig
+    phases: dict[str, Stats]
+    """forward, backward, optimizer (as the mode has them) and step (their sum per iteration)."""
+    threads: int
+    device: str
+    compile_s: float | None = None
+    gemm_flops_per_s: float | None = None
+    peak_flops_per_s: float | None = None
+
+    def phase_flops(self) -> dict[str, float]:
+        spec, workload = self.config.model, self.config.workload
+        forward = workload.tokens * spec.forward_flops_per_token(workload.seq, causal=True)
+        flops = {"forward": forward, "backward": 2.0 * forward, "optimizer": 0.0}
+        flops["step"] = forward * (1.0 if workload.mode == "fwd" else 3.0)
+        return {phase: flops[phase] for phase in self.phases}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per phase: time statistics (ms), tokens/s, GFLOP/s, MFU or fraction of GEMM rate."""
+        rows = []
+        tokens = self.config.workload.tokens
+        for phase, flops in self.phase_flops().items():
+            stats = self.phases[phase].scaled(1e3)
+            achieved = flops / self.phases[phase].median if flops else None
+            row: dict[str, Any] = {"phase": phase, "median_ms": stats.median, "mean_ms": stats.mean,
+                                   "std_ms": stats.std, "min_ms": stats.min, "max_ms": stats.max,
+                                   "p10_ms": stats.p10, "p90_ms": stats.p90,
+                                   "tokens_per_s": tokens / self.phases[phase].median if phase == "step" else None,
+                                   "GFLOPps": achieved / 1e9 if achieved else None}
+            if self.peak_flops_per_s:
+                row["mfu_pct"] = 100.0 * achieved / self.peak_flops_per_s if achieved else None
+            if self.gemm_flops_per_s:
+                row["gemm_fraction"] = achieved / self.gemm_flops_per_s if achieved else None
+            rows.append(row)
+        return rows
+
+    def metrics(self) -> dict[str, Any]:
+        metrics: dict[str, Any] = {}
+        for phase, stats in self.phases.items():
+            metrics.update(stats.metrics(phase))
+        for row in self.rows():
+            phase = row["phase"]
+            if row["GFLOPps"] is not None:
+                metrics[f"{phase}_GFLOPps"] = row["GFLOPps"]
+            if row.get("mfu_pct") is not None:
+                metrics[f"{phase}_mfu_pct"] = row["mfu_pct"]
+            if row.get("gemm_fraction") is not None:
+                metrics[f"{phase}_gemm_fraction"] = row["gemm_fraction"]
+        metrics["step_tokens_per_s"] = self.config.workload.tokens / self.phases["step"].median
+        metrics["step_flops"] = self.phase_flops()["step"]
+        metrics["params"] = self.config.model.param_count()
+        metrics["threads"] = self.threads
+        if self.compile_s is not None:
+            metrics["compile_s"] = self.compile_s
+        if self.gemm_flops_per_s:
+            metrics["gemm_GFLOPps"] = self.gemm_flops_per_s / 1e9
+        if self.peak_flops_per_s:
+            metrics["peak_GFLOPps"] = self.peak_flops_per_s / 1e9
+        return metrics
+
+
+def benchmark_step(config: StepConfig) -> StepResult:
+    """Build the model, warm up, then time `iters` steps phase by phase."""
+    device = resolve_device(config.device)
+    with cpu_threads(config.threads) as threads:
+        step = TrainingStep(config.model, config.workload, attention=config.attention, device=device,
+                            compile=config.compile, seed=config.seed)
+        compile_s = step.compile_seconds() if config.compile else None
+        for _ in range(config.warmup):
+            step.prepare()
+            step.run()
+        synchronize(device)
+        clock = PhaseClock(device)
+        samples: dict[str, list[float]] = {phase: [] for phase in (*config.workload.phases, "step")}
+        for _ in range(config.iters):
+            step.prepare()
+            clock.start()
+            step.run(clock.lap)
+            for phase, seconds in clock.laps.items():
+                samples[phase].append(seconds)
+            samples["step"].append(sum(clock.laps.values()))
+        del step
+        gemm = gemm_rate(config.workload.precision, device) if device.type == "cpu" else None
+    return StepResult(config=config, phases={p: Stats.of(s) for p, s in samples.items()}, threads=threads,
+                      device=device.type, compile_s=compile_s, gemm_flops_per_s=gemm,
+                      peak_flops_per_s=peak_flops(device, config.workload.precision))
+
+
+def run_step_sweep(configs: list[StepConfig], store=None, *, resume: bool = False,
+                   on_record=lambda record, config, result: None):
+    """Benchmark every config into `store` (a RecordStore or None); OOM points become `oom` rows."""
+    from stepscope.measure.device import is_out_of_memory, release_memory
+    from stepscope.measure.environment import torch_environment
+    from stepscope.results.sweep import Sweep
+
+    def measure(config: StepConfig) -> tuple[dict[str, Any], StepResult]:
+        result = benchmark_step(config)
+        return result.metrics(), result
+
+    def env() -> dict[str, Any]:
+        return torch_environment(resolve_device(configs[0].device))
+
+    sweep = Sweep(kind="step", points=configs, config_of=StepConfig.record_config, measure=measure, env_of=env,
+                  is_oom=is_out_of_memory, after_oom=lambda: release_memory(resolve_device(configs[0].device)))
+    return sweep.run(store, resume=resume, on_record=on_record)

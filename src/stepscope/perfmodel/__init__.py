@@ -1,0 +1,1 @@
+"""stepscope.perfmodel"""

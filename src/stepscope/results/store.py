@@ -1,0 +1,116 @@
+"""The record store: one JSON-Lines file per record kind under an output folder, append-only.
+
+A record is one measured or predicted point:
+    {"schema": "stepscope/1", "kind": "step", "status": "ok", "key": "...",
+     "config": {...}, "metrics": {"forward_ms_median": ...}, "env": {...}}
+`status` is `ok`, or why a point has no timing: `oom`, `mismatch`, `unsupported`, `error`.
+`key` identifies the point (kind + config) so an interrupted sweep can `--resume` without duplicates.
+
+Crash safety: each record is one `write()` of a whole line to a file opened with O_APPEND, followed by
+fsync; a reader skips a torn last line, and the next append starts on a fresh line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from stepscope.errors import UsageError
+
+SCHEMA = "stepscope/1"
+STATUSES = ("ok", "oom", "mismatch", "unsupported", "error")
+DEFAULT_OUT = "stepscope-results"
+
+
+def point_key(kind: str, config: dict[str, Any]) -> str:
+    """Stable identity of a sweep point: a hash of its kind and canonical configuration."""
+    text = json.dumps({"kind": kind, "config": config}, sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def make_record(kind: str, config: dict[str, Any], metrics: dict[str, Any] | None = None, *,
+                status: str = "ok", env: dict[str, Any] | None = None, note: str | None = None) -> dict[str, Any]:
+    if status not in STATUSES:
+        raise ValueError(f"unknown status {status!r}")
+    record: dict[str, Any] = {"schema": SCHEMA, "kind": kind, "status": status, "key": point_key(kind, config),
+                              "config": config, "metrics": metrics or {}, "env": env or {}}
+    if note:
+        record["note"] = note
+    return record
+
+
+class RecordStore:
+    """Append-only JSONL file `<out_dir>/<kind>.jsonl`."""
+
+    def __init__(self, out_dir: str | os.PathLike, kind: str) -> None:
+        self.kind = kind
+        self.path = Path(out_dir) / f"{kind}.jsonl"
+
+    def check_writable(self) -> "RecordStore":
+        """Create the folder and prove the file can be appended to, before any work is done."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a"):
+                pass
+        except OSError as error:
+            raise UsageError(f"cannot write results to {self.path}: {error.strerror or error}") from None
+        return self
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, default=_json_default, allow_nan=True) + "\n"
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            if _ends_without_newline(fd):
+                line = "\n" + line  # a torn line from a killed writer stays isolated
+            os.write(fd, line.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def records(self) -> list[dict[str, Any]]:
+        return read_records(self.path) if self.path.exists() else []
+
+    def done_keys(self) -> set[str]:
+        """Keys of points already recorded (any status but `error`, which a resume retries)."""
+        return {r["key"] for r in self.records() if r.get("status") != "error" and "key" in r}
+
+
+def _ends_without_newline(fd: int) -> bool:
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy / torch scalars
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """All records in a .jsonl file, or in every .jsonl file of a folder; torn or foreign lines skipped."""
+    path = Path(path)
+    if path.is_dir():
+        files: Iterable[Path] = sorted(path.glob("*.jsonl"))
+    elif path.exists():
+        files = [path]
+    else:
+        raise UsageError(f"no such results file or folder: {path}")
+    records = []
+    for file in files:
+        with open(file, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict) and record.get("schema") == SCHEMA:
+                    records.append(record)
+    return records

@@ -1,0 +1,66 @@
+"""Run a list of sweep points into a record store: resume, OOM rows, records appended as points finish.
+
+Used by every sweeping command. No torch here: the caller says what an out-of-memory error looks like.
+Ctrl-C propagates (KeyboardInterrupt) after the finished points are safely on disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Sequence, TypeVar
+
+from stepscope.results.store import RecordStore, make_record
+
+P = TypeVar("P")
+
+
+@dataclass
+class SweepOutcome:
+    """What a sweep did: records written (in order) and keys skipped because they were done already."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    skipped: int = 0
+
+
+@dataclass
+class Sweep(Generic[P]):
+    """Points plus how to describe and measure one of them."""
+
+    kind: str
+    """Record kind (and file name: <out>/<kind>.jsonl)."""
+    points: Sequence[P]
+    config_of: Callable[[P], dict[str, Any]]
+    """The point's full configuration, as stored in the record (and hashed for --resume)."""
+    measure: Callable[[P], tuple[dict[str, Any], Any]]
+    """Measure one point: (metrics, a result object handed to `on_record`)."""
+    env_of: Callable[[], dict[str, Any]]
+    is_oom: Callable[[BaseException], bool] = lambda error: isinstance(error, MemoryError)
+    after_oom: Callable[[], None] = lambda: None
+    status_of: Callable[[dict[str, Any]], str] = lambda metrics: "ok"
+    """Status from the metrics (e.g. `mismatch` when a correctness check failed)."""
+
+    def run(self, store: RecordStore | None, *, resume: bool = False,
+            on_record: Callable[[dict[str, Any], P, Any], None] = lambda record, point, result: None) -> SweepOutcome:
+        outcome = SweepOutcome()
+        done = store.done_keys() if (store is not None and resume) else set()
+        for point in self.points:
+            config = self.config_of(point)
+            record = make_record(self.kind, config)
+            if record["key"] in done:
+                outcome.skipped += 1
+                continue
+            result = None
+            try:
+                metrics, result = self.measure(point)
+                record = make_record(self.kind, config, metrics, status=self.status_of(metrics), env=self.env_of())
+            except Exception as error:  # noqa: BLE001 - only OOM is turned into a row; the rest re-raised
+                if not self.is_oom(error):
+                    raise
+                self.after_oom()
+                first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                record = make_record(self.kind, config, {}, status="oom", env=self.env_of(), note=first_line[:300])
+            if store is not None:
+                store.append(record)
+            outcome.records.append(record)
+            on_record(record, point, result)
+        return outcome

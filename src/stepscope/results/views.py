@@ -1,0 +1,130 @@
+"""Views of rows (dicts): a rich table, CSV, Markdown or JSON Lines, all from the same rows.
+
+Every command prints through `render`, and `stepscope show` turns stored records into rows with
+`record_row`, so what a sweep printed and what `show` prints later look alike.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from typing import Any, Iterable, Sequence
+
+from stepscope.errors import UsageError
+
+FORMATS = ("table", "json", "csv", "md")
+
+
+def format_value(value: Any) -> str:
+    """Numbers to 4 significant digits (thousands separated), None as '-', the rest as text."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        if value == 0:
+            return "0"
+        magnitude = abs(value)
+        if magnitude >= 1e4:
+            return f"{value:,.0f}"
+        if magnitude >= 1e-3:
+            return f"{value:.4g}"
+        return f"{value:.3e}"
+    return str(value)
+
+
+def columns_of(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Union of the rows' keys in first-seen order."""
+    seen: dict[str, None] = {}
+    for row in rows:
+        for key in row:
+            seen.setdefault(key, None)
+    return list(seen)
+
+
+def render(rows: Sequence[dict[str, Any]], *, fmt: str = "table", columns: Sequence[str] | None = None,
+           title: str | None = None, width: int | None = None) -> str:
+    """Render rows as `table` (rich), `csv`, `md` (GitHub Markdown) or `json` (one object per line)."""
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    columns = list(columns) if columns else columns_of(rows)
+    if fmt == "json":
+        return "\n".join(json.dumps({c: row.get(c) for c in columns}, default=str) for row in rows)
+    if fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow(["" if row.get(c) is None else row.get(c) for c in columns])
+        return buffer.getvalue().rstrip("\n")
+    cells = [[format_value(row.get(c)) for c in columns] for row in rows]
+    if fmt == "md":
+        lines = [f"**{title}**", ""] if title else []
+        lines.append("| " + " | ".join(columns) + " |")
+        lines.append("|" + "|".join("---:" if _numeric(rows, c) else "---" for c in columns) + "|")
+        lines.extend("| " + " | ".join(r) + " |" for r in cells)
+        return "\n".join(lines)
+    return _rich_table(rows, columns, cells, title, width)
+
+
+def _numeric(rows: Sequence[dict[str, Any]], column: str) -> bool:
+    values = [row.get(column) for row in rows if row.get(column) is not None]
+    return bool(values) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def _rich_table(rows: Sequence[dict[str, Any]], columns: list[str], cells: list[list[str]], title: str | None,
+                width: int | None) -> str:
+    from rich.console import Console
+    from rich.table import Table
+    from rich import box
+
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for column in columns:
+        table.add_column(column, justify="right" if _numeric(rows, column) else "left", overflow="fold")
+    for row_cells in cells:
+        table.add_row(*row_cells)
+    buffer = io.StringIO()
+    # a wide virtual console: the table takes its natural width instead of folding headers
+    Console(file=buffer, width=width or 1000, no_color=True, highlight=False).print(table)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines())
+
+
+def record_row(record: dict[str, Any]) -> dict[str, Any]:
+    """Flatten a record to one row: kind, status, config fields, metrics (nested names dotted when they clash)."""
+    row: dict[str, Any] = {"kind": record.get("kind"), "status": record.get("status")}
+    flat: list[tuple[str, str, Any]] = []
+    for section in ("config", "metrics"):
+        _flatten(record.get(section) or {}, "", flat)
+    counts: dict[str, int] = {}
+    for leaf, _, _ in flat:
+        counts[leaf] = counts.get(leaf, 0) + 1
+    for leaf, dotted, value in flat:
+        row[leaf if counts[leaf] == 1 and leaf not in ("kind", "status") else dotted] = value
+    if record.get("note"):
+        row["note"] = record["note"]
+    return row
+
+
+def _flatten(data: dict[str, Any], prefix: str, out: list[tuple[str, str, Any]]) -> None:
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            _flatten(value, dotted + ".", out)
+        else:
+            out.append((key, dotted, value))
+
+
+def varying_columns(rows: Sequence[dict[str, Any]], candidates: Iterable[str]) -> list[str]:
+    """The candidate columns whose value differs between rows (what a reader needs to tell rows apart)."""
+    out = []
+    for column in candidates:
+        values = {json.dumps(row.get(column), sort_keys=True, default=str) for row in rows}
+        if len(values) > 1:
+            out.append(column)
+    return out

@@ -1,0 +1,9 @@
+"""The shared vocabulary: model, workload (and, with the performance model, system and plan). No torch."""
+
+from stepscope.spec.model import ModelSpec, field_names
+from stepscope.spec.overrides import parse_field_value
+from stepscope.spec.presets import PRESETS, get_preset, list_presets
+from stepscope.spec.workload import MODES, PRECISIONS, Workload, bytes_per_element
+
+__all__ = ["ModelSpec", "Workload", "PRESETS", "MODES", "PRECISIONS", "get_preset", "list_presets",
+           "field_names", "parse_field_value", "bytes_per_element"]

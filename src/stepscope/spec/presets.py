@@ -1,0 +1,73 @@
+"""Named model presets: the CS336 sizes, the GPT-2 family, published large models, and `tiny`.
+
+Add a preset by adding one entry to a table below; `get_preset` validates it like any user spec.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepscope.errors import UsageError
+from stepscope.spec.model import ModelSpec
+
+# CS336 assignment sizes: vocab 10000, context 1024, RMSNorm, SwiGLU, RoPE theta 10000, untied, no biases.
+_CS336 = dict(vocab_size=10_000, context_length=1024, norm="rms", mlp="swiglu", positions="rope",
+              tie_embeddings=False, rope_theta=10_000.0, attn_bias=False, mlp_bias=False)
+# GPT-2 (Radford et al. 2019): LayerNorm, biases in every linear layer, GELU MLP 4d, learned positions, tied.
+_GPT2 = dict(vocab_size=50_257, context_length=1024, norm="layer", mlp="gelu", positions="learned",
+             tie_embeddings=True, attn_bias=True, mlp_bias=True)
+# Megatron-LM GPT runs (Narayanan et al. 2021, Table 1): GPT-2 architecture, vocab padded to 51200, seq 2048.
+_MEGATRON = dict(_GPT2, vocab_size=51_200, context_length=2048)
+# Llama 3 (Dubey et al. 2024): RMSNorm, SwiGLU, RoPE theta 500000, grouped-query attention with 8 KV heads.
+_LLAMA3 = dict(vocab_size=128_256, context_length=8192, norm="rms", mlp="swiglu", positions="rope",
+               tie_embeddings=False, rope_theta=500_000.0, n_kv_heads=8)
+
+
+def _sized(base: dict[str, Any], d_model: int, n_layers: int, n_heads: int, d_ff: int | None = None,
+           **extra: Any) -> dict[str, Any]:
+    return dict(base, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                d_ff=4 * d_model if d_ff is None else d_ff, **extra)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # for tests and quick demos: runs a training step in milliseconds
+    "tiny": _sized(_CS336, 64, 2, 4, 256, vocab_size=512, context_length=256),
+    "small": _sized(_CS336, 768, 12, 12, 3072),
+    "medium": _sized(_CS336, 1024, 24, 16, 4096),
+    "large": _sized(_CS336, 1280, 36, 20, 5120),
+    "xl": _sized(_CS336, 1600, 48, 25, 6400),
+    "2.7B": _sized(_CS336, 2560, 32, 32, 10240),
+    "gpt2": _sized(_GPT2, 768, 12, 12),
+    "gpt2-medium": _sized(_GPT2, 1024, 24, 16),
+    "gpt2-large": _sized(_GPT2, 1280, 36, 20),
+    "gpt2-xl": _sized(_GPT2, 1600, 48, 25),
+    # GPT-3 175B (Brown et al. 2020)
+    "gpt3-175b": _sized(_GPT2, 12288, 96, 96, context_length=2048),
+    "megatron-1.7b": _sized(_MEGATRON, 2304, 24, 24),
+    "megatron-3.6b": _sized(_MEGATRON, 3072, 30, 32),
+    "megatron-7.5b": _sized(_MEGATRON, 4096, 36, 32),
+    "megatron-18.4b": _sized(_MEGATRON, 6144, 40, 48),
+    "megatron-39.1b": _sized(_MEGATRON, 8192, 48, 64),
+    "megatron-76.1b": _sized(_MEGATRON, 10240, 60, 80),
+    "megatron-145.6b": _sized(_MEGATRON, 12288, 80, 96),
+    "megatron-310.1b": _sized(_MEGATRON, 16384, 96, 128),
+    "megatron-529.6b": _sized(_MEGATRON, 20480, 105, 128),
+    "megatron-1t": _sized(_MEGATRON, 25600, 128, 160),
+    # Megatron-Turing NLG 530B (Smith et al. 2022)
+    "mt-nlg-530b": _sized(_GPT2, 20480, 105, 128, context_length=2048),
+    "llama3-8b": _sized(_LLAMA3, 4096, 32, 32, 14336),
+    "llama3-70b": _sized(_LLAMA3, 8192, 80, 64, 28672),
+    "llama3-405b": _sized(_LLAMA3, 16384, 126, 128, 53248),
+}
+
+
+def list_presets() -> list[str]:
+    return list(PRESETS)
+
+
+def get_preset(name: str, **overrides: Any) -> ModelSpec:
+    """The preset `name` with optional field overrides, e.g. `get_preset("small", n_layers=2)`."""
+    if name not in PRESETS:
+        raise UsageError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}")
+    return ModelSpec(name=name, **PRESETS[name]).replace(**overrides) if overrides else ModelSpec(
+        name=name, **PRESETS[name])

@@ -1,0 +1,129 @@
+"""`stepscope step` end to end on the tiny model: every mode and precision, sweeps, bad input, resume."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from stepscope.results.store import read_records
+from tests.conftest import REPO, STEPSCOPE
+
+TINY = ["--model", "tiny", "--batch", "2", "--seq", "16", "--warmup", "0", "--iters", "2"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_every_mode_runs_and_records_are_well_formed(cli, tmp_path, precision):
+    code, out, err = cli("step", *TINY, "--mode", "fwd,fwd-bwd,train", "--precision", precision,
+                         "--out", tmp_path)
+    assert code == 0, err
+    records = read_records(tmp_path / "step.jsonl")
+    assert [r["config"]["mode"] for r in records] == ["fwd", "fwd-bwd", "train"]
+    for record in records:
+        assert record["status"] == "ok" and record["config"]["precision"] == precision
+        metrics = record["metrics"]
+        assert metrics["step_ms_median"] > 0 and metrics["step_tokens_per_s"] > 0
+        assert metrics["forward_GFLOPps"] > 0 and 0 < metrics["step_gemm_fraction"]
+        assert {"torch", "cpu_model", "cores", "threads", "hostname", "utc_time", "command", "git_sha",
+                "stepscope_version", "device_name"} <= set(record["env"])
+    train = records[-1]["metrics"]
+    assert {"forward_ms_median", "backward_ms_median", "optimizer_ms_median"} <= set(train)
+    assert "phase" in out and "optimizer" in out
+
+
+def test_sweep_csv_overrides_threads_and_naive_attention(cli, tmp_path):
+    code, out, err = cli("step", *TINY, "--n-layers", "1,2", "--attention", "naive", "--threads", "1",
+                         "--format", "csv", "--out", tmp_path)
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("model,batch,seq")
+    records = read_records(tmp_path)
+    assert [r["config"]["model_spec"]["n_layers"] for r in records] == [1, 2]
+    assert all(r["metrics"]["threads"] == 1 for r in records)
+
+
+def test_show_renders_stored_records(cli, tmp_path):
+    cli("step", *TINY, "--seq", "8,16", "--out", tmp_path)
+    code, out, _ = cli("show", tmp_path, "--format", "md", "--columns", "seq,step_ms_median")
+    assert code == 0 and out.splitlines()[0] == "| seq | step_ms_median |"
+    code, out, _ = cli("show", tmp_path / "step.jsonl", "--group-by", "seq")
+    assert code == 0 and "seq=8" in out and "seq=16" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "gpt5"], "unknown model preset"),
+    (["--n-layer", "2"], "unrecognized arguments"),
+    (["--n-layers", "two"], "invalid value 'two' for --n-layers"),
+    (["--n-heads", "5"], "does not divide d_model"),
+    (["--seq", "4096"], "exceeds the model's context_length"),
+    (["--seq", "128,,256"], "malformed list"),
+    (["--batch", "x"], "invalid value 'x' in --batch"),
+    (["--precision", "fp8"], "invalid choice 'fp8'"),
+    (["--device", "cuda"], "no CUDA GPU"),
+    (["--attention", "magic"], "unknown attention backend"),
+])
+def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
+    base = {"--model": "tiny", "--seq": "16"}
+    argv = ["step", "--out", str(tmp_path), "--warmup", "0", "--iters", "1"]
+    for flag, value in base.items():
+        if flag not in args:
+            argv += [flag, value]
+    code, out, err = cli(*argv, *args)
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "step.jsonl").exists() or read_records(tmp_path) == []
+
+
+def test_unsupported_precision_and_unwritable_out(cli, tmp_path, monkeypatch):
+    import stepscope.measure.device as device
+
+    def broken_autocast(*args, **kwargs):
+        raise RuntimeError("fp16 is not available here")
+
+    monkeypatch.setattr(device, "autocast", broken_autocast)
+    code, _, err = cli("step", *TINY, "--precision", "fp16", "--out", tmp_path)
+    assert code == 2 and "fp16 autocast is not supported" in err
+    monkeypatch.undo()
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, err = cli("step", *TINY, "--out", blocker / "sub")
+    assert code == 2 and "cannot write results" in err and len(err.strip().splitlines()) == 1
+
+
+def test_oom_becomes_a_row_and_the_sweep_goes_on(cli, tmp_path, monkeypatch):
+    import stepscope.measure.step as step
+
+    real = step.benchmark_step
+
+    def fake_oom_for_long_sequences(config):
+        if config.workload.seq > 16:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 TB")
+        return real(config)
+
+    monkeypatch.setattr(step, "benchmark_step", fake_oom_for_long_sequences)
+    code, out, err = cli("step", *TINY, "--seq", "8,32,16", "--out", tmp_path)
+    assert code == 0, err
+    assert [r["status"] for r in read_records(tmp_path)] == ["ok", "oom", "ok"]
+    assert "oom" in out
+
+
+def test_ctrl_c_keeps_finished_points_and_resume_skips_them(tmp_path):
+    """A real SIGINT to a real sweep; then --resume finishes it without duplicates."""
+    argv = STEPSCOPE + ["step", "--model", "tiny", "--batch", "2", "--warmup", "0", "--iters", "30",
+                        "--seq", "16,32,48,64,80,96", "--out", str(tmp_path)]
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    path = tmp_path / "step.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (path.exists() and path.read_text().count("\n") >= 1):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    kept = read_records(path)
+    assert 1 <= len(kept) < 6
+    done = subprocess.run(argv + ["--resume"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    seqs = [r["config"]["seq"] for r in read_records(path)]
+    assert sorted(seqs) == [16, 32, 48, 64, 80, 96]  # every point exactly once
+    assert "skipped" in done.stdout

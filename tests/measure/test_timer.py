@@ -1,0 +1,47 @@
+"""The timing harness on functions of known duration, statistics, and the interleaved A/B mode."""
+
+import time
+
+import pytest
+
+from stepscope.measure.stats import Stats
+from stepscope.measure.timer import PhaseClock, interleaved, time_callable
+
+
+def test_stats_of_known_samples():
+    stats = Stats.of([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (stats.n, stats.mean, stats.median, stats.min, stats.max) == (5, 3.0, 3.0, 1.0, 5.0)
+    assert stats.std == pytest.approx(1.5811388, rel=1e-6)
+    assert stats.p10 == pytest.approx(1.4) and stats.p90 == pytest.approx(4.6)
+    metrics = stats.metrics("forward")
+    assert metrics["forward_ms_median"] == pytest.approx(3000.0) and metrics["forward_n"] == 5
+    assert Stats.of([2.0]).std == 0.0
+    with pytest.raises(ValueError):
+        Stats.of([])
+
+
+def test_time_callable_measures_a_sleep():
+    calls = []
+    samples = time_callable(lambda: (calls.append(1), time.sleep(0.02)), warmup=2, iters=5)
+    assert len(calls) == 7 and len(samples) == 5
+    assert 0.019 <= Stats.of(samples).median < 0.2  # generous upper bound: a loaded CI machine
+
+
+def test_phase_clock_laps():
+    clock = PhaseClock("cpu")
+    clock.start()
+    time.sleep(0.01)
+    clock.lap("forward")
+    time.sleep(0.03)
+    clock.lap("backward")
+    assert list(clock.laps) == ["forward", "backward"]
+    assert clock.laps["backward"] > clock.laps["forward"] >= 0.009
+
+
+def test_interleaved_alternates_and_reports_ratio():
+    order = []
+    result = interleaved(lambda: (order.append("a"), time.sleep(0.004)),
+                         lambda: (order.append("b"), time.sleep(0.012)), warmup=1, iters=6)
+    assert order[2:6] == ["a", "b", "b", "a"]  # after warm-up: AB, then BA
+    assert len(result.ratios) == 6
+    assert 0.1 < result.median_ratio < 0.8  # a sleeps a third of b

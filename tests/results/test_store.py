@@ -1,0 +1,41 @@
+"""Append-only record store: crash safety (torn lines), resume keys, views."""
+
+import json
+
+from stepscope.results.store import RecordStore, make_record, point_key, read_records
+from stepscope.results.views import record_row, render
+
+
+def test_append_read_and_keys(tmp_path):
+    store = RecordStore(tmp_path / "out", "step").check_writable()
+    store.append(make_record("step", {"seq": 1}, {"x_ms": 1.0}))
+    store.append(make_record("step", {"seq": 2}, {}, status="oom", note="CUDA out of memory"))
+    store.append(make_record("step", {"seq": 3}, {}, status="error"))
+    records = read_records(tmp_path / "out")
+    assert [r["config"]["seq"] for r in records] == [1, 2, 3]
+    assert store.done_keys() == {point_key("step", {"seq": 1}), point_key("step", {"seq": 2})}
+
+
+def test_torn_last_line_is_skipped_and_next_append_is_clean(tmp_path):
+    store = RecordStore(tmp_path, "step").check_writable()
+    store.append(make_record("step", {"seq": 1}))
+    with open(store.path, "a") as handle:
+        handle.write('{"schema": "stepscope/1", "kind": "st')  # a writer killed mid-line
+    store.append(make_record("step", {"seq": 2}))
+    assert [r["config"]["seq"] for r in store.records()] == [1, 2]
+    lines = store.path.read_text().splitlines()
+    assert json.loads(lines[-1])["config"]["seq"] == 2
+
+
+def test_key_is_independent_of_dict_order():
+    assert point_key("k", {"a": 1, "b": 2}) == point_key("k", {"b": 2, "a": 1})
+    assert point_key("k", {"a": 1}) != point_key("other", {"a": 1})
+
+
+def test_views_render_every_format():
+    rows = [record_row(make_record("step", {"model": "tiny", "spec": {"d": 4}}, {"t_ms": 1.23456}))]
+    assert rows[0]["d"] == 4 and rows[0]["t_ms"] == 1.23456
+    assert "1.235" in render(rows, fmt="table")
+    assert render(rows, fmt="csv").splitlines()[0] == "kind,status,model,d,t_ms"
+    assert render(rows, fmt="md").splitlines()[1].startswith("|---|")
+    assert json.loads(render(rows, fmt="json"))["model"] == "tiny"

@@ -1,0 +1,82 @@
+"""ModelSpec validation, presets, closed-form parameter and FLOP counts."""
+
+import pytest
+
+from stepscope.errors import UsageError
+from stepscope.spec import ModelSpec, Workload, get_preset, list_presets, parse_field_value
+
+
+def test_gpt2_small_has_the_published_parameter_count():
+    assert get_preset("gpt2").param_count() == 124_439_808
+
+
+def test_cs336_small_sizes():
+    spec = get_preset("small")
+    assert (spec.d_model, spec.d_ff, spec.n_layers, spec.n_heads) == (768, 3072, 12, 12)
+    assert (spec.vocab_size, spec.context_length, spec.norm, spec.mlp, spec.positions) == (
+        10_000, 1024, "rms", "swiglu", "rope")
+    assert not spec.tie_embeddings and not spec.attn_bias and not spec.mlp_bias
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(d_model=100, n_heads=12), "does not divide d_model"),
+    (dict(n_heads=12, n_kv_heads=5), "does not divide n_heads"),
+    (dict(n_layers=0), "n_layers must be a positive integer"),
+    (dict(vocab_size=-3), "vocab_size must be a positive integer"),
+    (dict(norm="batch"), "norm must be one of"),
+    (dict(mlp="relu"), "mlp must be one of"),
+    (dict(d_model=60, n_heads=4), "even head dimension"),
+])
+def test_invalid_specs_explain_themselves(fields, message):
+    with pytest.raises(UsageError, match=message):
+        get_preset("small", **fields)
+
+
+def test_unknown_preset_and_field():
+    with pytest.raises(UsageError, match="unknown model preset"):
+        get_preset("gpt5")
+    with pytest.raises(UsageError, match="unknown model field"):
+        get_preset("small", n_layer=2)
+
+
+def test_overrides_keep_plain_mha_and_parse_types():
+    spec = get_preset("small", n_heads=8)
+    assert spec.n_kv_heads == 8
+    assert parse_field_value("n_layers", "2") == 2
+    assert parse_field_value("tie_embeddings", "yes") is True
+    assert parse_field_value("rope_theta", "5e5") == 5e5
+    with pytest.raises(UsageError, match="expected int"):
+        parse_field_value("n_layers", "two")
+    with pytest.raises(UsageError, match="choose rms|layer"):
+        parse_field_value("norm", "batch")
+
+
+def test_flop_convention():
+    spec = get_preset("small")
+    seq = 512
+    n = spec.matmul_params()
+    attention = 4 * spec.n_layers * seq * spec.d_model
+    assert spec.flops_per_token(seq, causal=False) == 6 * n + 3 * attention
+    assert spec.flops_per_token(seq, causal=True) == 6 * n + 3 * attention / 2
+    assert spec.forward_flops_per_token(seq) * 3 == spec.flops_per_token(seq)
+
+
+def test_gqa_and_gelu_parameter_formulas():
+    spec = get_preset("llama3-8b")
+    assert spec.kv_dim == 1024
+    assert spec.param_count() == 8_030_261_248  # Meta's published count
+
+
+def test_param_bytes_and_workload():
+    assert get_preset("gpt2").param_bytes("bf16") == 2 * 124_439_808
+    w = Workload(batch=2, seq=64, precision="bf16", mode="fwd-bwd")
+    assert w.tokens == 128 and w.phases == ("forward", "backward")
+    with pytest.raises(UsageError, match="exceeds the model's context_length"):
+        Workload(seq=2048).check_fits(1024)
+    with pytest.raises(UsageError, match="precision must be one of"):
+        Workload(precision="fp8")
+
+
+def test_every_preset_validates():
+    for name in list_presets():
+        assert isinstance(get_preset(name), ModelSpec)
