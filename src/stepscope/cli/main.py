@@ -13,8 +13,20 @@ from typing import NoReturn, Sequence
 
 from stepscope.errors import UsageError
 
-# one module per command group, each with `register(subparsers)`
-COMMAND_MODULES = ["step", "show", "models", "precision"]
+# Every module of this package that defines `register(subparsers)` is a command group; the help lists
+# these first, in this order, and any other command module after them alphabetically.
+COMMAND_ORDER = ["step", "profile", "memory", "attention", "comm", "ddp", "predict", "plan", "calibrate",
+                 "compare", "validate", "innet", "precision", "show", "models"]
+_NOT_COMMANDS = {"main", "options", "output"}
+
+
+def command_modules() -> list[str]:
+    import pkgutil
+
+    import stepscope.cli as package
+
+    names = {m.name for m in pkgutil.iter_modules(package.__path__)} - _NOT_COMMANDS
+    return [n for n in COMMAND_ORDER if n in names] + sorted(names - set(COMMAND_ORDER))
 
 
 class Parser(argparse.ArgumentParser):
@@ -36,7 +48,7 @@ def build_parser() -> Parser:
     parser = Parser(prog="stepscope", description="Measure, model and speed up transformer training steps.")
     parser.add_argument("--version", action="version", version=f"stepscope {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for name in COMMAND_MODULES:
+    for name in command_modules():
         importlib.import_module(f"stepscope.cli.{name}").register(subparsers)
     return parser
 
