@@ -11,6 +11,7 @@ import importlib
 import sys
 from typing import NoReturn, Sequence
 
+from stepscope.dist.launcher import DistributedError
 from stepscope.errors import UsageError
 
 # Every module of this package that defines `register(subparsers)` is a command group; the help lists
@@ -64,6 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"stepscope: error: {error}", file=sys.stderr)
         return 2
+    except DistributedError as error:
+        # a rank failed: its error and the tail of its traceback, and a non-zero exit (never a hang)
+        print(f"stepscope: error: {error}", file=sys.stderr)
+        if getattr(error, "details", ""):
+            print(error.details.rstrip(), file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("stepscope: interrupted; finished points are kept in the record store", file=sys.stderr)
         return 130

@@ -1,0 +1,286 @@
+"""Run a function on N ranks: local spawned processes, or the current process under torchrun / Slurm.
+
+    results = launch(fn, arg1, arg2, config=LaunchConfig(world_size=4))
+
+`fn(ctx, *args)` runs on every rank with torch.distributed initialized (`ctx` is a `RankContext`);
+`launch` returns the per-rank return values in rank order (on the parent; under torchrun on rank 0,
+and None on the other ranks).
+
+Never a hang: a rank that raises or dies is reported to the parent, which tears every other rank down
+(SIGTERM, then SIGKILL after `teardown_s`) and raises `DistributedError` with the failing rank's error
+and the tail of its traceback. Collectives get `timeout_s`, so a rank waiting on a dead peer errors out
+too. Local rendezvous goes through a TCPStore the parent owns on a port the OS picks (no port races).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import multiprocessing as mp
+import os
+import queue
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from stepscope.errors import UsageError
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+class DistributedError(RuntimeError):
+    """A rank failed; `rank` is the first failing rank, `details` the tail of its traceback."""
+
+    def __init__(self, rank: int, message: str, details: str = "") -> None:
+        super().__init__(f"rank {rank} failed: {message}")
+        self.rank, self.details = rank, details
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How to start ranks."""
+
+    world_size: int = 2
+    """Number of ranks to spawn locally (ignored under torchrun/Slurm, which set it)."""
+    backend: str = "auto"
+    """auto (nccl when every local rank has a GPU, else gloo), gloo or nccl."""
+    threads: int | None = None
+    """Intra-op CPU threads per rank; None = usable cores / local ranks (at least 1)."""
+    timeout_s: float = 60.0
+    """Collective timeout: a rank blocked this long on a peer raises instead of waiting forever."""
+    teardown_s: float = 5.0
+    """After a failure, how long ranks get to exit on SIGTERM before SIGKILL."""
+    deadline_s: float | None = None
+    """Optional limit on the whole run (a deadlocked program is stopped and reported)."""
+    master_addr: str = "127.0.0.1"
+    """Rendezvous address for locally spawned ranks."""
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a rank function knows about its place in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    backend: str
+    device: str
+    """`cuda:<local_rank>` with nccl, else `cpu`."""
+
+
+# ---- environment detection ---------------------------------------------------------------------
+def external_launch_env() -> dict[str, int] | None:
+    """Rank layout set by torchrun (RANK/WORLD_SIZE/LOCAL_RANK) or Slurm (SLURM_PROCID/...), else None."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world = int(env["WORLD_SIZE"])
+        return {"rank": int(env["RANK"]), "world_size": world, "local_rank": int(env.get("LOCAL_RANK", 0)),
+                "local_world_size": int(env.get("LOCAL_WORLD_SIZE", world))}
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and int(env["SLURM_NTASKS"]) > 1:
+        world = int(env["SLURM_NTASKS"])
+        local_world = int(env.get("SLURM_NTASKS_PER_NODE", "0").split("(")[0] or 0) or world
+        return {"rank": int(env["SLURM_PROCID"]), "world_size": world,
+                "local_rank": int(env.get("SLURM_LOCALID", 0)), "local_world_size": local_world}
+    return None
+
+
+def resolve_backend(backend: str, local_world_size: int) -> str:
+    """`auto` -> nccl when there is one GPU per local rank, else gloo; nccl without enough GPUs is an error."""
+    import torch
+    import torch.distributed as dist
+
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}; choose {'|'.join(BACKENDS)}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "nccl" if dist.is_nccl_available() and gpus >= local_world_size else "gloo"
+    if backend == "nccl":
+        if not dist.is_nccl_available() or gpus == 0:
+            raise UsageError("backend nccl needs CUDA GPUs and a CUDA build of PyTorch (use --backend gloo)")
+        if local_world_size > gpus:
+            raise UsageError(f"backend nccl needs one GPU per rank: {local_world_size} local ranks but only "
+                             f"{gpus} GPU(s) here")
+    elif not dist.is_gloo_available():
+        raise UsageError("this PyTorch build has no gloo backend")
+    return backend
+
+
+def default_threads(local_world_size: int) -> int:
+    from stepscope.results.environment import usable_cores
+
+    return max(1, usable_cores() // max(1, local_world_size))
+
+
+# ---- the rank side -------------------------------------------------------------------------------
+def _init_rank(layout: dict[str, int], config: LaunchConfig, backend: str, store: Any | None) -> RankContext:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(config.threads or default_threads(layout["local_world_size"]))
+    device = "cpu"
+    if backend == "nccl":
+        torch.cuda.set_device(layout["local_rank"])
+        device = f"cuda:{layout['local_rank']}"
+    timeout = dt.timedelta(seconds=config.timeout_s)
+    if store is None:
+        dist.init_process_group(backend, init_method="env://", rank=layout["rank"],
+                                world_size=layout["world_size"], timeout=timeout)
+    else:
+        dist.init_process_group(backend, store=store, rank=layout["rank"], world_size=layout["world_size"],
+                                timeout=timeout)
+    return RankContext(rank=layout["rank"], world_size=layout["world_size"], local_rank=layout["local_rank"],
+                       local_world_size=layout["local_world_size"], backend=backend, device=device)
+
+
+def _spawned_rank(rank: int, world_size: int, port: int, config: LaunchConfig, backend: str,
+                  fn: Callable[..., Any], args: tuple, results: Any) -> None:
+    """Entry point of a locally spawned rank: report ("ok", rank, value) or ("error", rank, time, message, tb)."""
+    import torch.distributed as dist
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it tears us down
+    try:
+        store = dist.TCPStore(config.master_addr, port, world_size=None, is_master=False,
+                              timeout=dt.timedelta(seconds=config.timeout_s))
+        layout = {"rank": rank, "world_size": world_size, "local_rank": rank, "local_world_size": world_size}
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                          LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=config.master_addr, MASTER_PORT=str(port))
+        ctx = _init_rank(layout, config, backend, store)
+        value = fn(ctx, *args)
+        results.put(("ok", rank, value))
+    except BaseException as error:  # noqa: BLE001 - every failure must reach the parent
+        lines = traceback.format_exception(type(error), error, error.__traceback__)
+        message = (traceback.format_exception_only(type(error), error)[-1]).strip()
+        results.put(("error", rank, time.time(), message, "".join(lines[-6:])))
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - a peer may already be gone
+                pass
+
+
+# ---- the parent side -----------------------------------------------------------------------------
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _terminate(processes: list[mp.process.BaseProcess], grace_s: float) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join(2.0)
+
+
+def launch(fn: Callable[..., Any], *args: Any, config: LaunchConfig = LaunchConfig()) -> list[Any] | None:
+    """Run `fn(ctx, *args)` on every rank; per-rank results in rank order (see module docstring)."""
+    external = external_launch_env()
+    if external is not None:
+        return _launch_external(fn, args, config, external)
+    if config.world_size < 1:
+        raise UsageError(f"world size must be at least 1, got {config.world_size}")
+    backend = resolve_backend(config.backend, config.world_size)
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(config.master_addr, 0, world_size=None, is_master=True,
+                          timeout=dt.timedelta(seconds=config.timeout_s), wait_for_workers=False)
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_spawned_rank, name=f"stepscope-rank{rank}", daemon=True,
+                                 args=(rank, config.world_size, store.port, config, backend, fn, args, results))
+                 for rank in range(config.world_size)]
+    values: dict[int, Any] = {}
+    errors: dict[int, tuple[float, str, str]] = {}
+    deaths: dict[int, str] = {}
+    start = time.monotonic()
+    try:
+        for process in processes:
+            process.start()
+        while len(values) < config.world_size and not errors and not deaths:
+            _drain(results, values, errors, timeout=0.1)
+            _find_deaths(processes, values, errors, deaths, results)
+            if config.deadline_s is not None and time.monotonic() - start > config.deadline_s and not errors:
+                late = min(set(range(config.world_size)) - set(values))
+                errors[late] = (time.time(), f"did not finish within the {config.deadline_s:g} s deadline", "")
+        if errors or deaths:
+            # one failure usually makes the other ranks fail too (connection reset by peer): collect them
+            # for a moment so the report names the root cause, not an echo of it
+            settle = time.monotonic() + 1.0
+            while time.monotonic() < settle:
+                _drain(results, values, errors, timeout=0.1)
+                _find_deaths(processes, values, errors, deaths, results)
+    finally:
+        done = len(values) == config.world_size and not errors and not deaths
+        _terminate(processes, 0.0 if done else config.teardown_s)
+        results.close()
+    if deaths:
+        rank = min(deaths)
+        raise DistributedError(rank, f"died ({deaths[rank]})" + _others(len(deaths) + len(errors) - 1))
+    if errors:
+        rank = min(errors, key=lambda r: errors[r][0])  # the earliest error is the cause
+        _, message, details = errors[rank]
+        raise DistributedError(rank, message + _others(len(errors) - 1), details)
+    return [values[rank] for rank in range(config.world_size)]
+
+
+def _others(count: int) -> str:
+    return f" (and {count} other rank(s) failed after it)" if count > 0 else ""
+
+
+def _drain(results: Any, values: dict[int, Any], errors: dict[int, tuple[float, str, str]],
+           timeout: float) -> None:
+    """Read every queued rank message (waiting up to `timeout` for the first)."""
+    while True:
+        try:
+            message = results.get(timeout=timeout) if timeout > 0 else results.get_nowait()
+        except queue.Empty:
+            return
+        timeout = 0.0
+        if message[0] == "ok":
+            values[message[1]] = message[2]
+        else:
+            errors.setdefault(message[1], (message[2], message[3], message[4]))
+
+
+def _find_deaths(processes: list[mp.process.BaseProcess], values: dict[int, Any],
+                 errors: dict[int, tuple[float, str, str]], deaths: dict[int, str], results: Any) -> None:
+    """Ranks that exited without reporting (a crash, os._exit, the OOM killer)."""
+    for rank, process in enumerate(processes):
+        if rank in values or rank in errors or rank in deaths or process.exitcode is None:
+            continue
+        _drain(results, values, errors, timeout=0.2)  # its last message may still be in the pipe
+        if rank not in values and rank not in errors:
+            deaths[rank] = _describe_exit(process.exitcode)
+
+
+def _launch_external(fn: Callable[..., Any], args: tuple, config: LaunchConfig,
+                     layout: dict[str, int]) -> list[Any] | None:
+    """Under torchrun/Slurm: this process is one rank; results are gathered on rank 0."""
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
+    os.environ.setdefault("MASTER_PORT", "29500")
+    backend = resolve_backend(config.backend, layout["local_world_size"])
+    ctx = _init_rank(layout, config, backend, None)
+    try:
+        value = fn(ctx, *args)
+        gathered: list[Any] | None = [None] * ctx.world_size if ctx.rank == 0 else None
+        dist.gather_object(value, gathered, dst=0)
+        return gathered
+    finally:
+        dist.destroy_process_group()

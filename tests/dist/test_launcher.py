@@ -1,0 +1,79 @@
+"""The launcher: real gloo process groups on spawned ranks; failing or dying ranks never hang the parent."""
+
+import os
+import time
+
+import pytest
+
+from stepscope.dist.launcher import DistributedError, LaunchConfig, external_launch_env, launch, resolve_backend
+from stepscope.errors import UsageError
+
+
+def all_reduce_rank(ctx, offset):
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([float(ctx.rank + offset)])
+    dist.all_reduce(tensor)
+    return {"rank": ctx.rank, "sum": tensor.item(), "world": ctx.world_size, "threads": torch.get_num_threads(),
+            "backend": ctx.backend, "env_rank": os.environ["RANK"]}
+
+
+def failing_rank(ctx):
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 1:
+        raise ValueError("rank one is broken on purpose")
+    dist.all_reduce(torch.ones(1))  # rank 0 blocks here waiting for rank 1: the parent must stop it
+    return "unreachable"
+
+
+def dying_rank(ctx):
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 0:
+        os._exit(7)  # no Python exception, no message: a crash
+    dist.barrier()
+
+
+def test_ranks_run_with_a_real_process_group():
+    results = launch(all_reduce_rank, 10, config=LaunchConfig(world_size=3, threads=1))
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    assert all(r["sum"] == 10 + 11 + 12 and r["world"] == 3 and r["threads"] == 1 for r in results)
+    assert all(r["backend"] == "gloo" and r["env_rank"] == str(r["rank"]) for r in results)
+
+
+def test_a_raising_rank_stops_every_rank_quickly_with_its_message():
+    start = time.monotonic()
+    with pytest.raises(DistributedError) as failure:
+        launch(failing_rank, config=LaunchConfig(world_size=2, teardown_s=2.0))
+    assert time.monotonic() - start < 30
+    assert failure.value.rank == 1
+    assert "ValueError: rank one is broken on purpose" in str(failure.value)
+    assert "failing_rank" in failure.value.details  # the traceback tail names the function
+
+
+def test_a_dying_rank_is_reported():
+    start = time.monotonic()
+    with pytest.raises(DistributedError, match="rank 0 failed: died \\(exit code 7\\)"):
+        launch(dying_rank, config=LaunchConfig(world_size=2, teardown_s=2.0, timeout_s=20))
+    assert time.monotonic() - start < 30
+
+
+def test_backend_choice_and_external_env(monkeypatch):
+    assert resolve_backend("auto", 2) == "gloo"  # no GPU here
+    with pytest.raises(UsageError, match="needs CUDA GPUs"):
+        resolve_backend("nccl", 2)
+    with pytest.raises(UsageError, match="unknown backend"):
+        resolve_backend("mpi2", 2)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    assert external_launch_env() == {"rank": 3, "world_size": 8, "local_rank": 1, "local_world_size": 8}
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert external_launch_env()["rank"] == 2
