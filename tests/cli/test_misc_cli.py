@@ -1,0 +1,45 @@
+"""Precision experiments, the models list, `python -m stepscope`, torch.compile, warm-up sweeps."""
+
+import subprocess
+
+from stepscope.results.store import read_records
+from tests.conftest import STEPSCOPE
+
+
+def test_precision_accumulate_shows_why_accumulators_stay_fp32(cli, tmp_path):
+    code, out, err = cli("precision", "accumulate", "--out", tmp_path)
+    assert code == 0, err
+    values = {r["config"]["case"]: r["metrics"]["value"] for r in read_records(tmp_path)}
+    assert abs(values["fp32 += fp32"] - 10) < 1e-3
+    assert abs(values["fp16 += fp16"] - 10) > 0.01  # fp16 accumulation drifts
+    assert values["bf16 += bf16"] == 4.0  # 4 + 0.01 rounds back to 4 in bf16
+    assert abs(values["fp32 += fp16"] - 10) < 0.01
+
+
+def test_precision_dtypes_for_toy_and_a_preset(cli, tmp_path):
+    code, out, err = cli("precision", "dtypes", "--precision", "fp16", "--out", tmp_path)
+    assert code == 0, err
+    record = read_records(tmp_path)[0]
+    modules = {row["module"]: row for row in record["metrics"]["modules"]}
+    assert modules["fc1"]["output_dtype"] == "float16" and modules["fc1"]["param_dtype"] == "float32"
+    assert modules["fc1"]["grad_dtype"] == "float32" and record["metrics"]["loss_dtype"] == "float32"
+    code, out, err = cli("precision", "dtypes", "--model", "tiny", "--n-layers", "1", "--out", tmp_path)
+    assert code == 0 and "blocks.0.attn.qkv" in out and "loss dtype: float32" in out
+
+
+def test_models_lists_presets_with_exact_sizes(cli):
+    code, out, _ = cli("models", "--format", "csv")
+    assert code == 0
+    rows = {line.split(",")[0]: line.split(",") for line in out.splitlines()[1:]}
+    assert rows["gpt2"][1] == "124439808" and "llama3-405b" in rows
+
+
+def test_python_dash_m_and_compile_and_warmup_sweep(tmp_path):
+    proc = subprocess.run(STEPSCOPE + ["step", "--model", "tiny", "--n-layers", "1", "--batch", "1", "--seq", "16",
+                                       "--mode", "fwd", "--compile", "--warmup", "0,1", "--iters", "2",
+                                       "--out", str(tmp_path), "--format", "json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    records = read_records(tmp_path)
+    assert [r["config"]["warmup"] for r in records] == [0, 1]
+    assert all(r["config"]["compile"] and r["metrics"]["compile_s"] > 0 for r in records)
