@@ -68,6 +68,8 @@ class RankContext:
     backend: str
     device: str
     """`cuda:<local_rank>` with nccl, else `cpu`."""
+    timeout_s: float = 60.0
+    """The collective timeout; pass it to `dist.new_group(timeout=...)` too (its default is 30 minutes)."""
 
 
 # ---- environment detection ---------------------------------------------------------------------
@@ -131,7 +133,8 @@ def _init_rank(layout: dict[str, int], config: LaunchConfig, backend: str, store
         dist.init_process_group(backend, store=store, rank=layout["rank"], world_size=layout["world_size"],
                                 timeout=timeout)
     return RankContext(rank=layout["rank"], world_size=layout["world_size"], local_rank=layout["local_rank"],
-                       local_world_size=layout["local_world_size"], backend=backend, device=device)
+                       local_world_size=layout["local_world_size"], backend=backend, device=device,
+                       timeout_s=config.timeout_s)
 
 
 def _spawned_rank(rank: int, world_size: int, port: int, config: LaunchConfig, backend: str,

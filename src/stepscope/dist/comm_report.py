@@ -1,0 +1,90 @@
+"""Rows for printing `comm` records: an nccl-tests-like table per backend, op, world, dtype and mode (one
+line per size, out-of-place and in-place side by side), flat rows for csv/json/md, α–β fit rows, and
+one-line notes for unsupported, oom and mismatching points. Views only: the records are the data.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Iterable
+
+from stepscope.dist.alpha_beta import headline_time_us
+
+FLAT_COLUMNS = ["backend", "op", "world_size", "size_bytes", "requested_bytes", "count", "dtype", "mode", "in_place",
+                "status", "time_us_max", "time_us_min", "time_us_mean", "algbw_GBps", "busbw_GBps", "wrong", "note"]
+FIT_COLUMNS = ["backend", "op", "world_size", "dtype", "mode", "in_place", "alpha_us", "beta_GBps", "residual_rms_pct",
+               "residual_max_pct", "points", "size_min_bytes", "size_max_bytes"]
+_PLACES = ((False, "out"), (True, "in"))
+
+
+def _points(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("kind") == "comm" and r.get("config", {}).get("record") == "point"]
+
+
+def table_blocks(records: Iterable[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(title, rows) per backend/op/world/dtype/mode; placements that never ran get no columns."""
+    blocks: OrderedDict[tuple, list[dict[str, Any]]] = OrderedDict()
+    for record in _points(records):
+        c = record["config"]
+        blocks.setdefault((c["backend"], c["op"], c["world_size"], c["dtype"], c["mode"]), []).append(record)
+    out = []
+    for (backend, op, world, dtype, mode), members in blocks.items():
+        title = f"{backend} {op} | {world} ranks | {dtype} | {mode}"
+        if op == "barrier":
+            rows = [{"time_us_max": m["metrics"].get("time_us_max"), "time_us_min": m["metrics"].get("time_us_min"),
+                     "time_us_mean": m["metrics"].get("time_us_mean"), "status": m["status"]} for m in members]
+            out.append((title, rows))
+            continue
+        measured = {place for place, _ in _PLACES
+                    if any(bool(m["config"].get("in_place")) == place and m["status"] in ("ok", "mismatch")
+                           for m in members)}
+        by_size: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        for m in members:
+            c, metrics = m["config"], m.get("metrics", {})
+            row = by_size.setdefault(c["size_bytes"], {"size_B": c["size_bytes"], "count": c.get("count")})
+            place = bool(c.get("in_place"))
+            if place not in measured:
+                continue
+            prefix = "in" if place else "out"
+            good = m["status"] in ("ok", "mismatch")
+            row[f"{prefix}_time_us"] = headline_time_us(metrics) if good else m["status"]
+            row[f"{prefix}_algbw_GBps"] = metrics.get("algbw_GBps") if good else None
+            row[f"{prefix}_busbw_GBps"] = metrics.get("busbw_GBps") if good else None
+            row[f"{prefix}_wrong"] = metrics.get("wrong") if good else None
+        out.append((title, list(by_size.values())))
+    return out
+
+
+def units_note(records: Iterable[dict[str, Any]]) -> str:
+    """What the table columns mean, printed once above the tables."""
+    measured = any("time_us_max" in r.get("metrics", {}) for r in _points(records))
+    stat = "max over ranks" if measured else "mean over ranks (as logged by nccl-tests)"
+    return (f"time_us: microseconds per call, {stat}; algbw = S / time, busbw = algbw x bus factor, "
+            "in GB/s (1e9 B/s); wrong: elements that failed the check, summed over ranks")
+
+
+def flat_rows(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per measured point record (csv/json/md output)."""
+    rows = []
+    for record in _points(records):
+        row = {**record["config"], **record.get("metrics", {}), "status": record.get("status"),
+               "note": record.get("note")}
+        rows.append({c: row.get(c) for c in FLAT_COLUMNS})
+    return rows
+
+
+def fit_rows(fit_records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{c: {**r["config"], **r["metrics"]}.get(c) for c in FIT_COLUMNS} for r in fit_records]
+
+
+def status_notes(records: Iterable[dict[str, Any]]) -> list[str]:
+    """One line per distinct reason a point has no (trustworthy) timing."""
+    notes: OrderedDict[str, None] = OrderedDict()
+    for record in _points(records):
+        if record.get("status") == "ok":
+            continue
+        c = record["config"]
+        place = "" if c.get("in_place") is None else (" in-place" if c["in_place"] else " out-of-place")
+        what = f"{c['backend']} {c['op']}{place} {c['dtype']}"
+        notes[f"{record['status']}: {what}: {record.get('note') or ''}".rstrip(": ")] = None
+    return list(notes)
