@@ -68,17 +68,23 @@ class TrainingStep:
         if self.workload.mode == "fwd-bwd":
             self.model.zero_grad(set_to_none=True)
 
-    def run(self, lap: Callable[[str], None] | None = None) -> None:
-        """One step of the workload's mode; `lap(phase)` is called at the end of each phase."""
+    def run(self, lap: Callable[[str], None] | None = None,
+            region: Callable[[str], contextlib.AbstractContextManager] | None = None) -> None:
+        """One step of the workload's mode; `lap(phase)` is called at the end of each phase, and each phase
+        runs inside `region(phase)` when given (profile and memory mark phases with profiler ranges)."""
         lap = lap or (lambda phase: None)
-        self.forward()
+        region = region or (lambda phase: contextlib.nullcontext())
+        with region("forward"):
+            self.forward()
         lap("forward")
         if self.workload.mode == "fwd":
             return
-        self.backward()
+        with region("backward"):
+            self.backward()
         lap("backward")
         if self.workload.mode == "train":
-            self.optimizer_step()
+            with region("optimizer"):
+                self.optimizer_step()
             lap("optimizer")
 
     def compile_seconds(self) -> float:

@@ -1,0 +1,226 @@
+"""`stepscope profile`: run the same training step as `stepscope step` under torch.profiler and say where
+the time goes.
+
+One point: build the `TrainingStep`, run wait + warm-up + active steps under a profiler schedule (only the
+active steps are recorded), with each phase inside a `stepscope.<phase>` range (record_function; plus NVTX
+ranges with `nvtx=True` on CUDA, the active steps inside one `stepscope.active` NVTX range so Nsight
+Systems can capture exactly them: `nsys profile --capture-range=nvtx --nvtx-capture=stepscope.active`).
+Then time `iters` more steps with the timing harness and no profiler attached, for the timer-vs-profiler
+table. Tables: see profile_tables.py and attention_pieces.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from stepscope.errors import UsageError
+from stepscope.measure.attention_pieces import attention_pieces_table
+from stepscope.measure.device import cpu_threads, resolve_device, synchronize
+from stepscope.measure.profile_events import (PHASE_GROUPS, PhaseRange, Work, attribute_work, phase_ranges,
+                                              range_name)
+from stepscope.measure.profile_tables import (category_table, group_seconds, groups_of, matmul_share_table,
+                                              timer_table, top_ops_table)
+from stepscope.measure.stats import Stats
+from stepscope.measure.step import StepConfig
+from stepscope.measure.tables import Table
+from stepscope.measure.timer import PhaseClock
+from stepscope.measure.training import TrainingStep
+
+TABLE_KINDS = ("profile-category", "profile-op", "profile-share", "profile-timer", "profile-attention")
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """One point of a profile."""
+
+    step: StepConfig
+    """The step to profile, as `stepscope step` runs it; its `warmup` is the profiler's warm-up steps
+    (run and recorded, then discarded) and its `iters` the steps timed afterwards without the profiler."""
+    wait: int = 0
+    """Steps run before the profiler's warm-up, with the profiler idle."""
+    active: int = 2
+    """Steps recorded and analysed (tables are per step: sums divided by this)."""
+    top: int = 10
+    """Rows of the top-ops tables."""
+    nvtx: bool = False
+    """Also mark phases and steps with NVTX ranges (CUDA only) for Nsight Systems."""
+
+    def validate(self) -> None:
+        """Everything that can be checked before building anything (raises UsageError)."""
+        self.step.validate()
+        if self.wait < 0 or self.active <= 0 or self.top <= 0:
+            raise UsageError(f"need wait >= 0, active > 0 and top > 0, got wait={self.wait} "
+                             f"active={self.active} top={self.top}")
+        if self.nvtx and resolve_device(self.step.device).type != "cuda":
+            raise UsageError("--nvtx needs a CUDA device (NVTX ranges are for Nsight Systems)")
+
+    def record_config(self) -> dict[str, Any]:
+        config = self.step.record_config()
+        config.update({k: v for k, v in dataclasses.asdict(self).items() if k != "step"})
+        return config
+
+
+@dataclass
+class ProfileResult:
+    """Attributed work of the active steps, their phase ranges, and the timer's view of the same step."""
+
+    config: ProfileConfig
+    work: list[Work]
+    ranges: list[PhaseRange]
+    timer: dict[str, Stats]
+    """Wall time per phase (and `step`) from the timing harness, profiler detached."""
+    device: str
+    threads: int
+    events: list[Any] = field(default_factory=list, repr=False)
+    """The profiler's FunctionEvents of the active steps (kept for the attention pieces)."""
+    trace_path: Path | None = None
+    _tables: list[Table] | None = field(default=None, repr=False)
+
+    @property
+    def source(self) -> str:
+        return "kernel time on the GPU" if self.device == "cuda" else "CPU self time of every op"
+
+    def tables(self) -> list[Table]:
+        """Every table of the point, in print order (computed once)."""
+        if self._tables is None:
+            self._tables = self._make_tables()
+        return self._tables
+
+    def _make_tables(self) -> list[Table]:
+        steps = self.config.active
+        groups = groups_of(self.config.step.workload.phases)
+        tables: list[Table] = []
+        for group in groups:
+            tables.append(category_table(self.work, group, steps))
+            tables.append(top_ops_table(self.work, group, steps, self.config.top))
+        tables.append(matmul_share_table(self.work, groups, steps))
+        tables.append(timer_table(self.work, self.ranges, self.timer, steps))
+        if self.config.step.attention == "naive":
+            tables.append(attention_pieces_table(self.events, self.ranges, steps, self.device))
+        return tables
+
+    def metrics(self) -> dict[str, Any]:
+        """The point's summary: time in ops, matmul and `other` shares per phase group, timer vs profiler."""
+        steps = self.config.active
+        metrics: dict[str, Any] = {"active_steps": steps, "threads": self.threads}
+        for group in groups_of(self.config.step.workload.phases):
+            total = group_seconds(self.work, group)
+            for category in ("matmul", "attention", "other"):
+                part = sum(w.seconds for w in self.work if w.category == category and w.phase in PHASE_GROUPS[group])
+                metrics[f"{group}_{category}_pct"] = 100.0 * part / total if total else 0.0
+            metrics[f"{group}_in_ops_ms"] = 1e3 * total / steps
+        for row in timer_table(self.work, self.ranges, self.timer, steps).rows:
+            metrics[f"{row['phase']}_timer_ms"] = row["timer_ms"]
+            metrics[f"{row['phase']}_gap_ms"] = row["gap_ms"]
+        return metrics
+
+
+def phase_region(nvtx: bool = False) -> Callable[[str], contextlib.AbstractContextManager]:
+    """`region(phase)` for `TrainingStep.run`: a profiler range, and an NVTX range too when asked."""
+
+    @contextlib.contextmanager
+    def region(phase: str) -> Iterator[None]:
+        with torch.profiler.record_function(range_name(phase)), _nvtx_range(range_name(phase), nvtx):
+            yield
+
+    return region
+
+
+def _nvtx_range(name: str, enabled: bool) -> contextlib.AbstractContextManager:
+    return torch.cuda.nvtx.range(name) if enabled else contextlib.nullcontext()
+
+
+def profile_step(config: ProfileConfig, trace_path: str | Path | None = None) -> ProfileResult:
+    """Profile one point; write the Chrome/Perfetto trace of the active steps to `trace_path` if given."""
+    step_config = config.step
+    device = resolve_device(step_config.device)
+    naive = step_config.attention == "naive"
+    with cpu_threads(step_config.threads) as threads:
+        step = TrainingStep(step_config.model, step_config.workload, attention=step_config.attention,
+                            device=device, compile=step_config.compile, seed=step_config.seed)
+        if step_config.compile:
+            step.compile_seconds()  # compile outside the profiled steps
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        collected: dict[str, Any] = {}
+
+        def ready(profiler: torch.profiler.profile) -> None:
+            collected["events"] = list(profiler.events())
+            if trace_path is not None:
+                profiler.export_chrome_trace(str(trace_path))
+
+        schedule = torch.profiler.schedule(wait=config.wait, warmup=step_config.warmup, active=config.active,
+                                           repeat=1)
+        region = phase_region(config.nvtx)
+        total = config.wait + step_config.warmup + config.active
+        # shapes and dtypes are only needed to count the naive attention's FLOPs and bytes
+        with torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=ready,
+                                    record_shapes=naive) as profiler:
+            active_range = contextlib.ExitStack()
+            for index in range(total):
+                if config.nvtx and index == config.wait + step_config.warmup:
+                    active_range.enter_context(_nvtx_range("stepscope.active", True))
+                step.prepare()
+                step.run(region=region)
+                synchronize(device)
+                profiler.step()
+            active_range.close()
+        events = collected["events"]
+        timer = _time_phases(step, step_config.iters, device)
+        del step
+    return ProfileResult(config=config, work=attribute_work(events, device.type), ranges=phase_ranges(events),
+                         timer=timer, device=device.type, threads=threads, events=events if naive else [],
+                         trace_path=Path(trace_path) if trace_path is not None else None)
+
+
+def _time_phases(step: TrainingStep, iters: int, device: torch.device) -> dict[str, Stats]:
+    """Wall time per phase over `iters` steps, exactly as `stepscope step` times them."""
+    clock = PhaseClock(device)
+    samples: dict[str, list[float]] = {phase: [] for phase in (*step.workload.phases, "step")}
+    for _ in range(iters):
+        step.prepare()
+        clock.start()
+        step.run(clock.lap)
+        for phase, seconds in clock.laps.items():
+            samples[phase].append(seconds)
+        samples["step"].append(sum(clock.laps.values()))
+    return {phase: Stats.of(values) for phase, values in samples.items()}
+
+
+def run_profile_sweep(configs: list[ProfileConfig], out_dir: str | Path | None, *, resume: bool = False,
+                      trace: str | Path | None = None,
+                      on_record: Callable[[dict[str, Any], ProfileConfig, ProfileResult | None], None]
+                      = lambda record, config, result: None):
+    """Profile every point. Per point, the table records go to `<out>/profile-*.jsonl` first, then the
+    summary record to `<out>/profile.jsonl` (what --resume looks for); OOM points become `oom` rows."""
+    from stepscope.measure.device import is_out_of_memory, release_memory
+    from stepscope.measure.environment import torch_environment
+    from stepscope.measure.outputs import point_path, rank_path
+    from stepscope.measure.tables import append_tables
+    from stepscope.results.store import RecordStore
+    from stepscope.results.sweep import Sweep
+
+    device = resolve_device(configs[0].step.device)
+    index_of = {id(config): i for i, config in enumerate(configs)}
+
+    def env() -> dict[str, Any]:
+        return torch_environment(device)
+
+    def measure(config: ProfileConfig) -> tuple[dict[str, Any], ProfileResult]:
+        path = rank_path(point_path(trace, index_of[id(config)], len(configs))) if trace is not None else None
+        result = profile_step(config, path)
+        if out_dir is not None:
+            append_tables(out_dir, result.tables(), config.record_config(), env())
+        return result.metrics(), result
+
+    sweep = Sweep(kind="profile", points=configs, config_of=ProfileConfig.record_config, measure=measure,
+                  env_of=env, is_oom=is_out_of_memory, after_oom=lambda: release_memory(device))
+    store = RecordStore(out_dir, "profile") if out_dir is not None else None
+    return sweep.run(store, resume=resume, on_record=on_record)
