@@ -1,0 +1,322 @@
+"""The attention benchmark: every implementation on the same problems, checked, then timed side by side.
+
+Per point (batch, heads, seq, dim, dtype, causal) and implementation, in this order:
+1. correctness (measure/attention_check.py): one forward (+ backward) against the fp64 reference; an
+   error above the dtype's tolerance makes a `mismatch` row and the implementation is not timed;
+2. memory: one run under the allocation tracker of `attention_memory` (peaks, saved bytes);
+3. time: `warmup` untimed rounds, then `iters` rounds in which every implementation runs once, the
+   order rotating each round (A B C, B C A, C A B, ...) so that load drift hits all alike. Per pass:
+   time statistics, TFLOP/s by the FlashAttention convention, and the median per-round ratio to
+   sdpa and to naive: the side-by-side figures the performance claims rest on.
+An out-of-memory error at any step gives that implementation an `oom` row, any other exception an
+`error` row with its message; the other implementations go on. Ctrl-C stops the sweep (finished points
+are on disk).
+
+Records (kind `attention`) are one per point and implementation. Because the implementations of a
+point are measured together, this runs its own loop per point instead of `results.sweep.Sweep`
+(which measures one record at a time), with the same resume, OOM and Ctrl-C behaviour.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from stepscope.errors import UsageError
+from stepscope.kernels.reference import PASSES, attention_flops
+from stepscope.measure.attention_check import TOLERANCE, AttentionPoint, AttentionProblem, check_correctness
+from stepscope.measure.attention_impls import attention_impl, unsupported_reason, usage_problem
+from stepscope.measure.attention_memory import measure_attention_memory
+from stepscope.measure.device import DTYPES, cpu_threads, is_out_of_memory, release_memory, resolve_device
+from stepscope.measure.stats import Stats
+from stepscope.measure.timer import PhaseClock
+
+BASELINES = ("sdpa", "naive")
+"""Every implementation's time is also reported as a ratio to these (when they ran)."""
+_PREFIX = {"fwd": "fwd", "bwd": "bwd", "fwd-bwd": "fwd_bwd"}
+
+
+@dataclass(frozen=True)
+class AttentionBenchConfig:
+    """A sweep: the cartesian product of the listed sizes, each point run by every implementation."""
+
+    impls: tuple[str, ...] = ("naive", "sdpa", "flash-torch")
+    """Implementations to compare (see measure.attention_impls.IMPLS)."""
+    batch: tuple[int, ...] = (8,)
+    """Batch sizes."""
+    heads: tuple[int, ...] = (1,)
+    """Heads per sequence."""
+    seq: tuple[int, ...] = (1024,)
+    """Sequence lengths (queries = keys)."""
+    dim: tuple[int, ...] = (64,)
+    """Head dimensions."""
+    dtype: tuple[str, ...] = ("fp32",)
+    """Input dtypes: fp32, bf16, fp16."""
+    causal: tuple[bool, ...] = (False,)
+    """Causal mask (top-left aligned) or none."""
+    passes: tuple[str, ...] = ("fwd", "bwd", "fwd-bwd")
+    """What to time: fwd, bwd (after an untimed forward), fwd-bwd."""
+    device: str = "auto"
+    """auto, cpu or cuda."""
+    warmup: int = 1
+    """Untimed rounds after the correctness and memory runs (which warm up too)."""
+    iters: int = 5
+    """Timed rounds (every implementation runs once per round)."""
+    threads: int | None = None
+    """CPU intra-op threads (None: PyTorch's default)."""
+    check_rows: int = 256
+    """Query rows checked against fp64 when seq is longer (all rows otherwise)."""
+    startup_s: float = 1.0
+    """Seconds of warm-up on a tiny problem before the first point (a process's first seconds are slow)."""
+    seed: int = 0
+    """Seed of the random q, k, v and dO."""
+    grid: str | None = None
+    """Name of the preset this sweep came from, if any."""
+
+    def points(self) -> list[AttentionPoint]:
+        return [AttentionPoint(*values) for values in itertools.product(
+            self.batch, self.heads, self.seq, self.dim, self.dtype, self.causal)]
+
+    @property
+    def needs_backward(self) -> bool:
+        return any(p in ("bwd", "fwd-bwd") for p in self.passes)
+
+    def validate(self) -> torch.device:
+        """Check everything before any work (UsageError); returns the device."""
+        device = resolve_device(self.device)
+        for name, values in (("impls", self.impls), ("batch", self.batch), ("heads", self.heads), ("seq", self.seq),
+                             ("dim", self.dim), ("dtype", self.dtype), ("causal", self.causal),
+                             ("passes", self.passes)):
+            if not values:
+                raise UsageError(f"attention benchmark needs at least one value for {name}")
+        for name in ("batch", "heads", "seq", "dim"):
+            bad = [v for v in getattr(self, name) if isinstance(v, bool) or not isinstance(v, int) or v <= 0]
+            if bad:
+                raise UsageError(f"{name} must be positive integers, got {bad[0]!r}")
+        for impl in self.impls:
+            problem = usage_problem(impl, device)
+            if problem:
+                raise UsageError(problem)
+        for dtype in self.dtype:
+            if dtype not in TOLERANCE:
+                raise UsageError(f"invalid dtype {dtype!r} (choose from {', '.join(TOLERANCE)})")
+        for pass_ in self.passes:
+            if pass_ not in PASSES:
+                raise UsageError(f"invalid pass {pass_!r} (choose from {', '.join(PASSES)})")
+        if self.warmup < 0 or self.iters <= 0 or self.check_rows <= 0 or self.startup_s < 0:
+            raise UsageError(f"need warmup >= 0, iters > 0, check_rows > 0 and startup_s >= 0, got {self.warmup}, "
+                             f"{self.iters}, {self.check_rows}, {self.startup_s}")
+        if self.threads is not None and self.threads <= 0:
+            raise UsageError(f"threads must be positive, got {self.threads}")
+        return device
+
+    def record_config(self, point: AttentionPoint, impl: str) -> dict[str, Any]:
+        """The record's configuration (also its resume key)."""
+        return {"impl": impl, **dataclasses.asdict(point), "passes": list(self.passes), "device": self.device,
+                "warmup": self.warmup, "iters": self.iters, "threads": self.threads, "check_rows": self.check_rows,
+                "seed": self.seed, "grid": self.grid}
+
+
+@dataclass
+class ImplResult:
+    """What happened to one implementation at one point."""
+
+    status: str = "ok"
+    metrics: dict[str, Any] = field(default_factory=dict)
+    note: str | None = None
+
+
+@dataclass
+class AttentionSweepOutcome:
+    """Records written (in order) and how many were skipped because they were recorded already."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    skipped: int = 0
+
+
+def _time_rounds(problem: AttentionProblem, fns: dict[str, Callable], config: AttentionBenchConfig, device: torch.device,
+                 results: dict[str, ImplResult]) -> dict[str, dict[str, list[float]]]:
+    """Seconds per phase per round for every implementation, the order rotating each round."""
+    grad_out = problem.grad_out if config.needs_backward else None
+    names = list(fns)
+    samples: dict[str, dict[str, list[float]]] = {name: {"fwd": [], "bwd": []} for name in names}
+    clock = PhaseClock(device)
+    for round_ in range(config.warmup + config.iters):
+        shift = round_ % len(names) if names else 0
+        for name in names[shift:] + names[:shift]:
+            if results[name].status != "ok":
+                continue
+            try:
+                clock.start()
+                problem.run(fns[name], grad_out, clock.lap)
+            except Exception as error:  # noqa: BLE001 - a failing implementation becomes a row
+                _fail(error, results[name], device)
+                continue
+            if round_ >= config.warmup:
+                for phase, seconds in clock.laps.items():
+                    samples[name][phase].append(seconds)
+    return samples
+
+
+def _fail(error: Exception, result: ImplResult, device: torch.device) -> None:
+    """An implementation that raised: `oom` row for out-of-memory, `error` row (with the message) otherwise."""
+    first_line = (str(error).strip().splitlines() or [""])[0][:300]
+    if is_out_of_memory(error):
+        release_memory(device)
+        result.status, result.note = "oom", first_line
+    else:
+        result.status, result.note = "error", f"{type(error).__name__}: {first_line}"
+    result.metrics = {}
+
+
+def _timing_metrics(point: AttentionPoint, config: AttentionBenchConfig, samples: dict[str, dict[str, list[float]]],
+                    results: dict[str, ImplResult]) -> None:
+    """Time statistics, TFLOP/s and ratios to the baselines, per requested pass, into each ok result."""
+    per_pass: dict[str, dict[str, np.ndarray]] = {}
+    for name, phases in samples.items():
+        if results[name].status != "ok":
+            continue
+        fwd, bwd = np.asarray(phases["fwd"]), np.asarray(phases["bwd"])
+        per_pass[name] = {"fwd": fwd, "bwd": bwd, "fwd-bwd": fwd + bwd if len(bwd) else bwd}
+    for name, times in per_pass.items():
+        metrics = results[name].metrics
+        for pass_ in config.passes:
+            prefix = _PREFIX[pass_]
+            stats = Stats.of(times[pass_].tolist())
+            metrics.update(stats.metrics(prefix))
+            flops = attention_flops(point.batch_heads, point.seq, point.seq, point.dim, point.causal, pass_)
+            metrics[f"{prefix}_TFLOPps"] = flops / stats.median / 1e12
+            for base in BASELINES:
+                if base != name and base in per_pass:
+                    metrics[f"{prefix}_ratio_vs_{base}"] = float(np.median(times[pass_] / per_pass[base][pass_]))
+    naive = results.get("naive")
+    for name, result in results.items():
+        if result.status == "ok" and name != "naive" and naive is not None and naive.status == "ok":
+            for key in ("fwd_peak_MiB", "bwd_peak_MiB"):
+                if key in result.metrics and naive.metrics.get(key):
+                    result.metrics[key.replace("_MiB", "_ratio_vs_naive")] = result.metrics[key] / naive.metrics[key]
+
+
+def _check_and_measure_memory(name: str, fn: Callable, problem: AttentionProblem, config: AttentionBenchConfig,
+                              device: torch.device) -> ImplResult:
+    """Steps 1 and 2 for one implementation: the correctness gate, then the memory run."""
+    point, tolerance = problem.point, TOLERANCE[problem.point.dtype]
+    result = ImplResult()
+    started = time.perf_counter()
+    errors = check_correctness(problem, fn)
+    if name == "compiled":
+        result.metrics["first_call_s"] = time.perf_counter() - started
+    result.metrics.update(errors, tolerance=tolerance,
+                          checked_rows=point.seq if problem.rows is None else int(problem.rows.numel()))
+    if not all(np.isfinite(e) and e <= tolerance for e in errors.values()):
+        worst = max(errors, key=lambda key: errors[key] if np.isfinite(errors[key]) else np.inf)
+        result.status = "mismatch"
+        result.note = f"{worst} = {errors[worst]:.3g} > tolerance {tolerance:g} for {point.dtype}"
+        return result
+    backward = (lambda out: out.backward(problem.grad_out)) if config.needs_backward else None
+    memory = measure_attention_memory(lambda: problem.run(fn, None), backward, (problem.q, problem.k, problem.v),
+                                      device)
+    problem.clear_grads()
+    result.metrics.update(memory.metrics())
+    return result
+
+
+def measure_point(point: AttentionPoint, impls: tuple[str, ...], config: AttentionBenchConfig,
+                  device: torch.device) -> dict[str, ImplResult]:
+    """Check, measure memory and time every implementation at one point."""
+    results = {name: ImplResult() for name in impls}
+    try:
+        problem = AttentionProblem(point, device, seed=config.seed, check_rows=config.check_rows,
+                                   backward=config.needs_backward)
+        problem.reference()  # now, so that no implementation's first call pays for it
+    except Exception as error:  # noqa: BLE001 - no problem, no point: every implementation gets the row
+        for result in results.values():
+            _fail(error, result, device)
+        return results
+    fns: dict[str, Callable] = {}
+    for name in impls:
+        reason = unsupported_reason(name, device, DTYPES[point.dtype], point.dim)
+        if reason:
+            results[name] = ImplResult("unsupported", note=reason)
+            continue
+        fn = attention_impl(name)
+        try:
+            results[name] = _check_and_measure_memory(name, fn, problem, config, device)
+        except Exception as error:  # noqa: BLE001 - a failing implementation becomes a row
+            _fail(error, results[name], device)
+        if results[name].status == "ok":
+            fns[name] = fn
+    samples = _time_rounds(problem, fns, config, device, results)
+    _timing_metrics(point, config, samples, results)
+    return results
+
+
+def warm_up(impls: tuple[str, ...], device: torch.device, seconds: float = 1.0) -> None:
+    """Run every implementation on a tiny problem for about `seconds`, and one profiler session.
+
+    The first seconds of a process are slow (libraries page in, thread pools and kernel caches fill,
+    the profiler initializes): without this the first point of a sweep measures the start-up. An
+    implementation failing here is left out of the warm-up; the sweep's points report its failure.
+    """
+    point = AttentionPoint(batch=1, heads=1, seq=128, dim=16, dtype="fp32", causal=True)
+    problem = AttentionProblem(point, device, seed=0, check_rows=point.seq, backward=True)
+    fns = [attention_impl(name) for name in impls if name != "compiled"  # compiling is not warming up
+           and unsupported_reason(name, device, torch.float32, point.dim) is None]
+    deadline = time.perf_counter() + seconds
+    for index, fn in enumerate(fns):
+        try:
+            if index == 0:
+                measure_attention_memory(lambda: problem.run(fn, None), lambda out: out.backward(problem.grad_out),
+                                         (problem.q, problem.k, problem.v), device)
+            problem.run(fn, problem.grad_out)
+        except Exception:  # noqa: BLE001 - see docstring
+            fns[index] = None
+    fns = [fn for fn in fns if fn is not None]
+    while fns and time.perf_counter() < deadline:
+        for fn in fns:
+            problem.run(fn, problem.grad_out)
+    problem.clear_grads()
+
+
+def run_attention_sweep(config: AttentionBenchConfig, store=None, *, resume: bool = False,
+                        on_point: Callable[[AttentionPoint, list[dict[str, Any]]], None] = lambda point, records: None
+                        ) -> AttentionSweepOutcome:
+    """Measure every point into `store` (a RecordStore or None); records are appended point by point."""
+    from stepscope.measure.environment import torch_environment
+    from stepscope.results.store import make_record, point_key
+
+    device = config.validate()
+    outcome = AttentionSweepOutcome()
+    done = store.done_keys() if (store is not None and resume) else set()
+    with cpu_threads(config.threads):
+        warmed = False
+        for point in config.points():
+            todo = tuple(impl for impl in config.impls
+                         if point_key("attention", config.record_config(point, impl)) not in done)
+            outcome.skipped += len(config.impls) - len(todo)
+            if not todo:
+                continue
+            if not warmed:
+                warm_up(config.impls, device, config.startup_s)
+                warmed = True
+            # the baselines are measured again when resuming, so the ratios stay side by side
+            measured = todo + tuple(b for b in BASELINES if b in config.impls and b not in todo)
+            results = measure_point(point, tuple(i for i in config.impls if i in measured), config, device)
+            env = torch_environment(device)
+            records = []
+            for impl in todo:
+                result = results[impl]
+                record = make_record("attention", config.record_config(point, impl), result.metrics,
+                                     status=result.status, env=env, note=result.note)
+                if store is not None:
+                    store.append(record)
+                records.append(record)
+            outcome.records.extend(records)
+            on_point(point, records)
+    return outcome
