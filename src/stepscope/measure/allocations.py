@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -102,9 +104,30 @@ def track_allocations(device: torch.device | str = "cpu") -> Iterator[Allocation
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device_type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities, profile_memory=True) as profiler:
+    with quiet_native_stderr(), torch.profiler.profile(activities=activities, profile_memory=True) as profiler:
         yield trace
     _fill(trace, profiler.profiler.kineto_results.experimental_event_tree())
+
+
+@contextlib.contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 inside the block: Kineto writes two lines per profiler session there
+    ("USDT: profiler_start/stop"), whatever its log level, which would interleave with the tables.
+    Python errors are unaffected (they propagate as exceptions)."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # stderr replaced (e.g. captured by pytest): nothing to do
+        yield
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(fd), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    try:
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _fill(trace: AllocationTrace, roots: list[Any]) -> None:

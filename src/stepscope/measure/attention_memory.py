@@ -2,10 +2,9 @@
 autograd keeps for backward.
 
 - CUDA: the caching allocator's own peak counter (`torch.cuda.max_memory_allocated`), reset per phase.
-- CPU: PyTorch has no allocator statistics, so the run happens under `torch.profiler` with
-  `profile_memory=True`; its allocator reports (address and size, time-stamped, also for buffers that
-  C++ kernels such as SDPA's allocate internally) are replayed in time order to find the peak, a free
-  matched to its allocation by address (frees of older blocks ignored). The
+- CPU: PyTorch has no allocator statistics, so the run happens under `measure.allocations`'
+  `track_allocations` (torch.profiler's allocator reports, also for buffers that C++ kernels such as
+  SDPA's allocate internally, replayed in time order; a free matched to its allocation by address). The
   profiler only sees the calling thread, so the CPU run uses one intra-op thread (and flash-torch runs
   its tiles on the calling thread while a profiler records): the peak of the same work, with one set
   of tile buffers instead of one per worker thread.
@@ -19,14 +18,13 @@ backward peak includes what the forward left alive for it. A small helper of the
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
+from torch.profiler import record_function
 
+from stepscope.measure.allocations import track_allocations
 from stepscope.measure.device import cpu_threads, synchronize
 
 _PHASE_MARK = "stepscope::attention_backward"
@@ -104,59 +102,19 @@ def _cuda_memory(forward, backward, inputs, device) -> AttentionMemory:
 
 
 def _cpu_memory(forward, backward, inputs) -> AttentionMemory:
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    with _quiet_native_stderr(), cpu_threads(1), \
-            profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    # the profiler-based tracker only sees the calling thread: one intra-op thread (see the docstring)
+    with cpu_threads(1), track_allocations("cpu") as trace:
         with SavedTensorBytes() as saved:
             out = forward()
         if backward is not None:
             with record_function(_PHASE_MARK):
                 backward(out)
         del out
-    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        events.append(event)
-        stack.extend(event.children)
-    marks = [e.start_time_ns for e in events if e.name == _PHASE_MARK]
-    boundary = min(marks) if marks else None
-    reports = sorted((e for e in events if str(e.tag).endswith("Allocation")), key=lambda e: e.start_time_ns)
-    live = fwd_peak = bwd_peak = 0
-    open_blocks: dict[int, int] = {}  # address -> bytes of blocks allocated while tracking
-    for report in reports:
-        fields = report.extra_fields
-        in_forward = boundary is None or report.start_time_ns < boundary
-        if not in_forward:
-            bwd_peak = max(bwd_peak, live)  # what the forward left alive counts from the backward's start
-        if fields.alloc_size > 0:
-            open_blocks[fields.ptr] = fields.alloc_size
-            live += fields.alloc_size
-        elif fields.ptr in open_blocks:  # frees of blocks allocated before tracking are ignored
-            live -= open_blocks.pop(fields.ptr)
-        if in_forward:
-            fwd_peak = max(fwd_peak, live)
-        else:
-            bwd_peak = max(bwd_peak, live)
-    return AttentionMemory(fwd_peak, bwd_peak if backward is not None else None, saved.total(),
-                           saved.total(exclude=inputs))
-
-
-@contextlib.contextmanager
-def _quiet_native_stderr() -> Iterator[None]:
-    """Silence file descriptor 2 inside the block: Kineto writes two lines per profiler session there
-    ("USDT: profiler_start/stop"), whatever its log level, which would interleave with the tables."""
-    try:
-        fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # stderr replaced (e.g. captured by pytest): nothing to do
-        yield
-        return
-    sys.stderr.flush()
-    saved, devnull = os.dup(fd), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, fd)
-    try:
-        yield
-    finally:
-        os.dup2(saved, fd)
-        os.close(saved)
-        os.close(devnull)
+    boundary = next((start for name, start, _ in trace.ranges if name == _PHASE_MARK), None)
+    if boundary is None:
+        fwd_peak, bwd_peak = trace.peak_bytes, None
+    else:
+        # what the forward left alive counts from the backward's start (peak_between includes it)
+        fwd_peak = trace.peak_between(0.0, boundary)
+        bwd_peak = trace.peak_between(boundary, trace.duration_s)
+    return AttentionMemory(fwd_peak, bwd_peak, saved.total(), saved.total(exclude=inputs))

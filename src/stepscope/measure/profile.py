@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from stepscope.errors import UsageError
+from stepscope.measure.allocations import quiet_native_stderr
 from stepscope.measure.attention_pieces import attention_pieces_table
 from stepscope.measure.device import cpu_threads, resolve_device, synchronize
 from stepscope.measure.profile_events import (PHASE_GROUPS, PhaseRange, Work, attribute_work, phase_ranges,
@@ -161,8 +162,8 @@ def profile_step(config: ProfileConfig, trace_path: str | Path | None = None) ->
         region = phase_region(config.nvtx)
         total = config.wait + step_config.warmup + config.active
         # shapes and dtypes are only needed to count the naive attention's FLOPs and bytes
-        with torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=ready,
-                                    record_shapes=naive) as profiler:
+        with quiet_native_stderr(), torch.profiler.profile(activities=activities, schedule=schedule,
+                                                           on_trace_ready=ready, record_shapes=naive) as profiler:
             active_range = contextlib.ExitStack()
             for index in range(total):
                 if config.nvtx and index == config.wait + step_config.warmup:
