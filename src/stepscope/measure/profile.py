@@ -28,9 +28,8 @@ from stepscope.measure.profile_events import (PHASE_GROUPS, PhaseRange, Work, at
 from stepscope.measure.profile_tables import (category_table, group_seconds, groups_of, matmul_share_table,
                                               timer_table, top_ops_table)
 from stepscope.measure.stats import Stats
-from stepscope.measure.step import StepConfig
+from stepscope.measure.step import StepConfig, time_phases
 from stepscope.measure.tables import Table
-from stepscope.measure.timer import PhaseClock
 from stepscope.measure.training import TrainingStep
 
 TABLE_KINDS = ("profile-category", "profile-op", "profile-share", "profile-timer", "profile-attention")
@@ -174,25 +173,11 @@ def profile_step(config: ProfileConfig, trace_path: str | Path | None = None) ->
                 profiler.step()
             active_range.close()
         events = collected["events"]
-        timer = _time_phases(step, step_config.iters, device)
+        timer = time_phases(step, step_config.iters, device)
         del step
     return ProfileResult(config=config, work=attribute_work(events, device.type), ranges=phase_ranges(events),
                          timer=timer, device=device.type, threads=threads, events=events if naive else [],
                          trace_path=Path(trace_path) if trace_path is not None else None)
-
-
-def _time_phases(step: TrainingStep, iters: int, device: torch.device) -> dict[str, Stats]:
-    """Wall time per phase over `iters` steps, exactly as `stepscope step` times them."""
-    clock = PhaseClock(device)
-    samples: dict[str, list[float]] = {phase: [] for phase in (*step.workload.phases, "step")}
-    for _ in range(iters):
-        step.prepare()
-        clock.start()
-        step.run(clock.lap)
-        for phase, seconds in clock.laps.items():
-            samples[phase].append(seconds)
-        samples["step"].append(sum(clock.laps.values()))
-    return {phase: Stats.of(values) for phase, values in samples.items()}
 
 
 def run_profile_sweep(configs: list[ProfileConfig], out_dir: str | Path | None, *, resume: bool = False,

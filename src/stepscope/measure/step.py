@@ -130,6 +130,21 @@ class StepResult:
         return metrics
 
 
+def time_phases(step: TrainingStep, iters: int, device: torch.device) -> dict[str, Stats]:
+    """Wall time per phase (and their sum, `step`) over `iters` steps, a device sync at every lap."""
+    synchronize(device)
+    clock = PhaseClock(device)
+    samples: dict[str, list[float]] = {phase: [] for phase in (*step.workload.phases, "step")}
+    for _ in range(iters):
+        step.prepare()
+        clock.start()
+        step.run(clock.lap)
+        for phase, seconds in clock.laps.items():
+            samples[phase].append(seconds)
+        samples["step"].append(sum(clock.laps.values()))
+    return {phase: Stats.of(values) for phase, values in samples.items()}
+
+
 def benchmark_step(config: StepConfig) -> StepResult:
     """Build the model, warm up, then time `iters` steps phase by phase."""
     device = resolve_device(config.device)
@@ -140,19 +155,10 @@ def benchmark_step(config: StepConfig) -> StepResult:
         for _ in range(config.warmup):
             step.prepare()
             step.run()
-        synchronize(device)
-        clock = PhaseClock(device)
-        samples: dict[str, list[float]] = {phase: [] for phase in (*config.workload.phases, "step")}
-        for _ in range(config.iters):
-            step.prepare()
-            clock.start()
-            step.run(clock.lap)
-            for phase, seconds in clock.laps.items():
-                samples[phase].append(seconds)
-            samples["step"].append(sum(clock.laps.values()))
+        phases = time_phases(step, config.iters, device)
         del step
         gemm = gemm_rate(config.workload.precision, device) if device.type == "cpu" else None
-    return StepResult(config=config, phases={p: Stats.of(s) for p, s in samples.items()}, threads=threads,
+    return StepResult(config=config, phases=phases, threads=threads,
                       device=device.type, compile_s=compile_s, gemm_flops_per_s=gemm,
                       peak_flops_per_s=peak_flops(device, config.workload.precision))
 
