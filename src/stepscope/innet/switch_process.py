@@ -1,0 +1,166 @@
+"""The switch as a real separate process: `run_switch` is what `stepscope innet switch` runs, and
+`SwitchProcess` starts that command as a child on a port the OS picks (bench, train, tests).
+
+The child prints `innet switch listening on HOST:PORT` first; the parent reads that line (with a
+timeout), so no port is ever guessed. Stopping sends SIGTERM; the child prints its per-job counters and
+exits; a child that does not exit within `stop_timeout_s` is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from stepscope.innet.switch import Switch, SwitchConfig
+
+READY_PREFIX = "innet switch listening on "
+
+
+@dataclass
+class SwitchRun:
+    """What a switch process did: its global counters and the counters of every job it served."""
+
+    counters: dict[str, int]
+    jobs: dict[int, dict[str, int]]
+    seconds: float
+    interrupted: bool
+
+
+def run_switch(config: SwitchConfig, *, duration_s: float | None = None, stats_interval_s: float | None = None,
+               say: Callable[[str], None] | None = None) -> SwitchRun:
+    """Serve until SIGINT/SIGTERM (or `duration_s`); returns the counters."""
+    say = say or (lambda line: print(line, flush=True))
+    switch = Switch(config)
+    stop = threading.Event()
+    interrupted = {"sigint": False}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        interrupted["sigint"] = interrupted["sigint"] or signum == signal.SIGINT
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    start = time.monotonic()
+    host, port = switch.address
+    say(f"{READY_PREFIX}{host}:{port}")
+    timers = []
+    if duration_s is not None:
+        timers.append(threading.Timer(duration_s, stop.set))
+    if stats_interval_s:
+        timers.append(threading.Thread(target=_report_every, args=(switch, stats_interval_s, stop, say)))
+    for timer in timers:
+        timer.daemon = True
+        timer.start()
+    try:
+        switch.serve_forever(stop)
+    finally:
+        stop.set()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        switch.sock.close()
+    return SwitchRun(dict(switch.counters), switch.job_counters(), time.monotonic() - start, interrupted["sigint"])
+
+
+def _report_every(switch: Switch, interval_s: float, stop: threading.Event, say: Callable[[str], None]) -> None:
+    while not stop.wait(interval_s):
+        totals = switch.counters
+        say(f"innet switch: {len(switch.jobs)} job(s), rx {totals['rx']}, tx {totals['tx']}, bad {totals['bad']}")
+
+
+class SwitchProcess:
+    """`stepscope innet switch` as a child process; use as a context manager."""
+
+    def __init__(self, host: str = "127.0.0.1", extra_args: tuple[str, ...] = (), out_dir: str | None = None,
+                 start_timeout_s: float = 30.0, stop_timeout_s: float = 5.0) -> None:
+        self.host = host
+        # its per-job counters go to the run's record folder, or nowhere (never into the current directory)
+        self.extra_args = (*extra_args, *(("--out", out_dir) if out_dir else ("--no-records",)))
+        self.start_timeout_s, self.stop_timeout_s = start_timeout_s, stop_timeout_s
+        self.process: subprocess.Popen | None = None
+        self.address = ""
+        self.output = ""
+
+    def start(self) -> "SwitchProcess":
+        command = [sys.executable, "-m", "stepscope", "innet", "switch", "--host", self.host, "--port", "0",
+                   *self.extra_args]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + self.start_timeout_s
+        assert self.process.stdout is not None
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            line = self.process.stdout.readline()
+            if not line:  # the child exited
+                break
+            if line.startswith(READY_PREFIX):
+                self.address = line[len(READY_PREFIX):].strip()
+                return self
+            self.output += line
+        self.stop()
+        raise RuntimeError(f"the innet switch process did not start: {self.output.strip() or 'no output'}")
+
+    def stop(self) -> str:
+        """Stop the child (SIGTERM, then SIGKILL) and return what it printed after starting."""
+        if self.process is None:
+            return self.output
+        process, self.process = self.process, None
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            out, _ = process.communicate(timeout=self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, _ = process.communicate(timeout=5)
+        self.output += out or ""
+        return self.output
+
+    def __enter__(self) -> "SwitchProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def probe(address: str, timeout_s: float = 2.0) -> dict[str, int]:
+    """The totals of the switch at host:port (a STATS request for job 0); UsageError if none answers."""
+    from stepscope.errors import UsageError
+    from stepscope.innet import protocol as p
+
+    host, _, port = address.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect((host, int(port)))
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                sock.send(p.pack(p.STATS, 0, 0, 0, 0, 0, 0, 0))
+                if select.select([sock], [], [], min(0.2, max(0.0, deadline - time.monotonic())))[0]:
+                    data = sock.recv(65_536)
+                    h = p.unpack(data)
+                    if h.type == p.STATS_REPLY and h.job == 0:
+                        return p.stats_from_payload(data, h.count, p.SWITCH_COUNTERS)
+        except (OSError, ValueError, p.ProtocolError) as error:
+            reason = getattr(error, "strerror", None) or str(error)
+            raise UsageError(f"no innet switch answers at {address} ({reason})") from None
+    raise UsageError(f"no innet switch answers at {address} within {timeout_s:g} s")
+
+
+@contextmanager
+def switch_for(address: str | None, out_dir: str | None = None) -> Iterator[str]:
+    """`address` when the user named a running switch (checked first); else a switch process started for
+    the run (its counters recorded in `out_dir`, if given)."""
+    if address:
+        probe(address)
+        yield address
+        return
+    with SwitchProcess(out_dir=out_dir) as process:
+        yield process.address

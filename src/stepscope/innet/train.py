@@ -1,0 +1,208 @@
+"""`stepscope innet train`: data-parallel training whose gradient buckets are averaged by the switch.
+
+Each rank trains the same model with DDP, first with gloo's all-reduce (the baseline), then with the
+innet hook, for K = world (no straggler tolerance) and K < world, each without and with an injected
+straggler (a rank sleeping before its backward). Ranks do not synchronize between steps, so with
+K < world the fast ranks really do move on without the straggler. A step's time is taken on the fastest
+K ranks (K-th fastest; K = world: the slowest rank); the straggler's own step time is reported apart.
+At the end of each backend every rank's parameters are hashed: replicas must be identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from stepscope.errors import UsageError
+from stepscope.innet.faults import StragglerSpec
+from stepscope.innet.worker import InnetJob, JobConfig, new_job_id
+from stepscope.spec import ModelSpec
+
+DDP_KINDS = ("torch", "bucketed")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One `innet train` run."""
+
+    model: ModelSpec
+    """The model (shortened on CPU: few layers)."""
+    world: int = 4
+    """Ranks."""
+    batch: int = 1
+    """Sequences per rank and step."""
+    seq: int = 32
+    """Tokens per sequence."""
+    steps: int = 2
+    """Timed steps per scenario."""
+    warmup: int = 1
+    """Untimed steps per scenario (DDP builds its buckets in the first)."""
+    ks: tuple[int, ...] = (4, 3)
+    """Fastest-K values to run (world = no straggler tolerance)."""
+    straggler: StragglerSpec = field(default_factory=lambda: StragglerSpec(ranks=(3,), delay_s=2.0))
+    """The straggler injected in the `straggler` scenarios (steps count timed steps from 0)."""
+    gloo: bool = True
+    """Also run the gloo baseline."""
+    ddp: str = "torch"
+    """torch (torch.nn.parallel.DistributedDataParallel) or bucketed (stepscope's DDPBucketed)."""
+    bucket_mb: float = 25.0
+    """Gradient bucket cap (MiB)."""
+    lr: float = 1e-3
+    """SGD learning rate."""
+    seed: int = 0
+    """Seed of weights and data."""
+    job: JobConfig = field(default_factory=JobConfig)
+    """Switch and packet settings (rank, world and job id set per run)."""
+
+    def validate(self) -> None:
+        if self.world < 2:
+            raise UsageError("--world must be at least 2")
+        if any(not 1 <= k <= self.world for k in self.ks):
+            raise UsageError(f"-k values must be 1..world ({self.world})")
+        if self.steps < 1 or self.warmup < 1 or self.batch < 1 or self.seq < 1:
+            raise UsageError("--steps, --warmup, --batch and --seq must be >= 1")
+        if self.seq > self.model.context_length:
+            raise UsageError(f"--seq {self.seq} exceeds the model's context length {self.model.context_length}")
+        if self.ddp not in DDP_KINDS:
+            raise UsageError(f"--ddp must be {' or '.join(DDP_KINDS)}")
+        self.straggler.validate(self.world)
+        replace(self.job, rank=0, world=self.world).validate()
+
+    def scenarios(self) -> list[tuple[str, int, bool]]:
+        """(backend, K, straggler) in run order."""
+        out = [("gloo", self.world, s) for s in (False, True)] if self.gloo else []
+        return out + [("innet", k, s) for k in self.ks for s in (False, True)]
+
+
+def train_rank(ctx: Any, config: TrainConfig, job_id: int) -> dict[str, Any]:
+    """One rank: every scenario's step times, the bucket log lines (rank 0) and a parameter hash."""
+    import torch
+    import torch.distributed as dist
+
+    from stepscope.innet.ddp_hook import InnetHookState, innet_hook
+    from stepscope.nn import TransformerLM, lm_loss
+
+    generator = torch.Generator().manual_seed(config.seed * 1000 + ctx.rank)
+    data = torch.randint(0, config.model.vocab_size, (config.batch, config.seq + 1), generator=generator)
+    tokens, targets = data[:, :-1], data[:, 1:]
+    rng = random.Random(config.seed * 7919 + ctx.rank)
+    out: dict[str, Any] = {"rank": ctx.rank, "scenarios": [], "log": [], "hash": {}, "buckets": []}
+    for backend in ("gloo", "innet"):
+        scenarios = [s for s in config.scenarios() if s[0] == backend]
+        if not scenarios:
+            continue
+        torch.manual_seed(config.seed)
+        model = TransformerLM(config.model)
+        ddp = _wrap(model, config)
+        job, state = None, None
+        if backend == "innet":
+            lines: list[str] = []
+            job = InnetJob(replace(config.job, rank=ctx.rank, world=ctx.world_size, job_id=job_id),
+                           log=lines.append).join()
+            state = InnetHookState(job)
+            ddp.register_comm_hook(state, innet_hook)
+        optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+        try:
+            for _, k, straggle in scenarios:
+                if state is not None:
+                    state.k = None if k >= ctx.world_size else k
+                    lines.clear()
+                    state.ops.clear()
+                dist.barrier()
+                times = []
+                for step in range(config.warmup + config.steps):
+                    timed = step >= config.warmup
+                    start = time.perf_counter()
+                    loss = lm_loss(ddp(tokens), targets)
+                    if straggle and timed:
+                        delay = config.straggler.delay_for(ctx.rank, step - config.warmup, rng)
+                        time.sleep(delay)  # this rank's backward starts late
+                    loss.backward()
+                    if hasattr(ddp, "finish_gradient_synchronization"):
+                        ddp.finish_gradient_synchronization()
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    if timed:
+                        times.append(time.perf_counter() - start)
+                    if state is not None and step == 0 and ctx.rank == 0:
+                        out["log"].append(list(lines))
+                        out["buckets"] = [o["values"] for o in state.ops]
+                summary = {"backend": backend, "k": k, "straggler": straggle, "times": times,
+                           "loss": float(loss.detach())}
+                if state is not None:
+                    summary["timed_out_blocks"] = sum(o["timed_out_blocks"] for o in state.ops)
+                    summary["min_contributors"] = min((o["min_contributors"] for o in state.ops), default=k)
+                out["scenarios"].append(summary)
+            dist.barrier()
+            out["hash"][backend] = _parameter_hash(model)
+        finally:
+            if job is not None:
+                job.close()
+        del ddp, model, optimizer
+    return out
+
+
+def _wrap(model: Any, config: TrainConfig) -> Any:
+    if config.ddp == "bucketed":
+        from stepscope.dist.ddp import DDPBucketed
+
+        return DDPBucketed(model, bucket_size_mb=config.bucket_mb, rule="torch")
+    from torch.nn.parallel import DistributedDataParallel
+
+    # no buffer sync in forward: a per-step broadcast would make fast ranks wait for the straggler
+    return DistributedDataParallel(model, bucket_cap_mb=config.bucket_mb, forward_sync_buffers=False)
+
+
+def _parameter_hash(model: Any) -> str:
+    digest = hashlib.sha1()
+    for parameter in model.parameters():
+        digest.update(parameter.detach().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def summarize(config: TrainConfig, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per scenario from every rank's step times."""
+    rows = []
+    stragglers = set(config.straggler.ranks)
+    for index, (backend, k, straggle) in enumerate(config.scenarios()):
+        per_rank = np.array([r["scenarios"][index]["times"] for r in results])  # ranks x steps
+        kth = np.sort(per_rank, axis=0)[k - 1]
+        fast = [r for r in range(config.world) if r not in stragglers]
+        row = {"backend": backend, "k": k, "tolerance": "no-straggle" if k >= config.world else f"straggle-{k}",
+               "straggler": config.straggler.describe() if straggle else "none",
+               "step_ms_median": float(np.median(kth)) * 1e3,
+               "fast_ranks_step_ms_median": float(np.median(per_rank[fast])) * 1e3,
+               "straggler_step_ms_median": (float(np.median(per_rank[sorted(stragglers)])) * 1e3
+                                            if stragglers else None),
+               "loss": results[0]["scenarios"][index]["loss"]}
+        if backend == "innet":
+            row["timed_out_blocks"] = results[0]["scenarios"][index]["timed_out_blocks"]
+            row["min_contributors"] = min(r["scenarios"][index]["min_contributors"] for r in results)
+        rows.append(row)
+    return rows
+
+
+def run_train(config: TrainConfig, spawn_switch: bool = True, store_dir: str | None = None) -> dict[str, Any]:
+    """Start a switch process (unless `config.job.switch` is used), launch the ranks, summarize."""
+    from stepscope.dist.launcher import LaunchConfig, launch
+    from stepscope.innet.switch_process import switch_for
+
+    config.validate()
+    # A rank that falls behind (the straggler with K < world) recovers results it missed from the switch's
+    # history: keep a whole step of blocks there, and let the late rank stash a step of early results.
+    blocks_per_step = -(-config.model.param_count() // config.job.k) + config.job.slots
+    job = replace(config.job, history=max(config.job.history, blocks_per_step),
+                  stash_limit_bytes=max(config.job.stash_limit_bytes, 3 * 4 * config.model.param_count()))
+    with switch_for(None if spawn_switch else config.job.switch, store_dir) as address:
+        run = replace(config, job=replace(job, switch=address))
+        results = launch(train_rank, run, new_job_id(),
+                         config=LaunchConfig(world_size=config.world, threads=1, timeout_s=300))
+    hashes = {backend: {r["hash"].get(backend) for r in results} for backend in ("gloo", "innet")}
+    return {"rows": summarize(config, results), "log": results[0]["log"], "buckets": results[0]["buckets"],
+            "replicas_identical": {b: len(h) == 1 for b, h in hashes.items() if None not in h},
+            "config": {**asdict(config), "model": config.model.name}}

@@ -1,0 +1,379 @@
+"""The all-reduce client: join a job at a switch, then reduce tensors through it.
+
+    job = InnetJob(JobConfig(switch="127.0.0.1:9000", job_id=7, rank=r, world=4)).join()
+    job.all_reduce(tensor, op="avg")             # in place; returns the tensor
+    pending = job.submit(tensor, op="sum", k=3)  # asynchronous (batch mode); pending.wait()
+
+or, module-level on one default job: `stepscope.innet.init(...)` then `stepscope.innet.all_reduce(t)`.
+
+Each op logs one line in the format of the DPA system's logs, e.g.
+    innet: new-task allreduce.3 [7087872 x f32] 0x7f12a4000000 > 0x7f12a4000000 4-pipe average quant.1 no-straggle
+("quant.1": float32 quantized to int32; "quant.0": raw int32; "straggle-K": fastest-K straggler tolerance).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from stepscope.errors import UsageError
+from stepscope.innet import protocol as p
+from stepscope.innet.faults import FaultConfig
+from stepscope.innet.worker_engine import RECV_BUFFER_BYTES, Engine, EngineSettings
+from stepscope.innet.worker_stream import InnetError
+from stepscope.innet.worker_op import Op
+
+logger = logging.getLogger("stepscope.innet")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One rank's view of an in-network aggregation job."""
+
+    switch: str = "127.0.0.1:9000"
+    """host:port of the switch."""
+    job_id: int = 1
+    """Job (session) id, the same on every rank; jobs never mix at the switch."""
+    rank: int = 0
+    """This worker's rank, 0..world-1."""
+    world: int = 1
+    """Number of workers in the job."""
+    pipes: int = 4
+    """Switch pipelines (1-4): k = 64 values per pipe per packet on a Tofino."""
+    values_per_packet: int | None = None
+    """k, values per packet; None = 64 x pipes (emulation may use more, up to 16368)."""
+    slots: int = 64
+    """Slot pool size s: packets in flight per job (two shadow versions each at the switch)."""
+    window: int | None = None
+    """Most packets outstanding at once on this worker; None = slots."""
+    sto_ms: float = 1.0
+    """Straggler timeout in ms, rounded up to switch ticks of 65.536 us."""
+    sto_ticks: int | None = None
+    """Straggler timeout in switch ticks (overrides sto_ms)."""
+    history: int = 1024
+    """Completed results the switch keeps for ranks that fall behind (fastest-K runs)."""
+    rto_ms: float | None = None
+    """First retransmission timeout of a packet in ms; None = adaptive (srtt + 4 rttvar). Multiplied by
+    `backoff` after every retransmission of the same packet."""
+    rto_min_ms: float = 5.0
+    """Smallest adaptive retransmission timeout (a block's round trip includes the slowest rank's
+    scheduling delay, milliseconds on a shared CPU; shorter timeouts mostly resend packets not lost)."""
+    backoff: float = 2.0
+    """Retransmission timeout multiplier per retransmission of the same packet."""
+    rto_max_ms: float = 200.0
+    """Largest retransmission timeout."""
+    timeout_s: float = 30.0
+    """An op without progress for this long fails (switch gone, peer gone) instead of hanging."""
+    connect_timeout_s: float = 5.0
+    """How long JOIN may go unanswered before the switch counts as unreachable."""
+    join_timeout_s: float = 120.0
+    """How long `join(wait_all=True)` waits for the other ranks to join."""
+    sender_threads: int = 0
+    """Threads that quantize and send packets (0: the I/O thread does it)."""
+    stash_limit_bytes: int = 256 << 20
+    """Results of ops this rank has not started yet (it is late) kept at most."""
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    """Injected network faults."""
+
+    @property
+    def k(self) -> int:
+        return self.values_per_packet or p.VALUES_PER_PIPE * self.pipes
+
+    @property
+    def resolved_sto_ticks(self) -> int:
+        return self.sto_ticks if self.sto_ticks is not None else p.sto_ticks_from_ms(self.sto_ms)
+
+    def address(self) -> tuple[str, int]:
+        host, sep, port = self.switch.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
+            raise UsageError(f"switch address must be host:port, got {self.switch!r}")
+        return host, int(port)
+
+    def validate(self) -> None:
+        self.address()
+        if not 1 <= self.world <= p.MAX_WORLD or not 0 <= self.rank < self.world:
+            raise UsageError(f"rank {self.rank} / world {self.world} invalid (world 1..{p.MAX_WORLD})")
+        if not 1 <= self.pipes <= p.MAX_PIPES:
+            raise UsageError(f"pipes must be 1..{p.MAX_PIPES}, got {self.pipes}")
+        if not 1 <= self.k <= p.MAX_VALUES:
+            raise UsageError(f"values per packet must be 1..{p.MAX_VALUES}, got {self.k}")
+        if not 1 <= self.slots <= 65_535 or (self.window is not None and not 1 <= self.window <= self.slots):
+            raise UsageError("slots must be 1..65535 and the window 1..slots")
+        if self.sto_ms < 0 or (self.sto_ticks is not None and self.sto_ticks < 0):
+            raise UsageError("the straggler timeout must be >= 0")
+        rto = self.rto_ms if self.rto_ms is not None else self.rto_min_ms
+        if rto <= 0 or self.rto_min_ms <= 0 or self.backoff < 1 or self.rto_max_ms < rto:
+            raise UsageError("need rto > 0, backoff >= 1 and rto-max >= rto")
+        if not 0 <= self.job_id < 2**32:
+            raise UsageError(f"job id must fit 32 bits, got {self.job_id}")
+        self.faults.validate()
+
+    def join_params(self) -> p.JoinParams:
+        return p.JoinParams(self.k, self.slots, self.resolved_sto_ticks, self.history)
+
+
+def new_job_id() -> int:
+    return random.SystemRandom().randrange(1, 2**31)
+
+
+class Pending:
+    """An op in flight; `wait()` returns the reduced tensor (the one passed in, reduced in place)."""
+
+    def __init__(self, job: "InnetJob", op: Op, tensor: Any, finish: Callable[[], None] | None) -> None:
+        self.job, self.op, self.tensor, self._finish = job, op, tensor, finish
+
+    def done(self) -> bool:
+        return self.op.event.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> Any:
+        limit = timeout_s if timeout_s is not None else self.job.config.timeout_s * 4 + 60
+        if not self.op.event.wait(limit):
+            raise InnetError(f"allreduce.{self.op.op_id} did not finish within {limit:g} s")
+        if self.op.error is not None:
+            raise self.op.error
+        if self._finish is not None:
+            self._finish()
+            self._finish = None
+        return self.tensor
+
+    def summary(self) -> dict[str, Any]:
+        return self.op.summary()
+
+
+class InnetJob:
+    """A rank's membership in a switch job and its engine."""
+
+    def __init__(self, config: JobConfig, log: Callable[[str], None] | None = None) -> None:
+        config.validate()
+        self.config = config
+        self.log = log or logger.info
+        self.engine: Engine | None = None
+        self.next_op = 1
+        self.members_joined = 0
+        self._lock = threading.Lock()
+
+    # ---- membership ---------------------------------------------------------------------------
+    def join(self, wait_all: bool = True) -> "InnetJob":
+        """JOIN the switch (creating the job if this rank is first); with `wait_all`, also wait until
+        every rank joined, so no result is multicast before everyone can receive it."""
+        cfg = self.config
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER_BYTES)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, RECV_BUFFER_BYTES)
+        try:
+            sock.connect(cfg.address())
+        except OSError as error:
+            sock.close()
+            raise InnetError(f"cannot reach the innet switch at {cfg.switch}: {error.strerror or error}") from None
+        sock.setblocking(False)
+        try:
+            self.members_joined = self._handshake(sock, wait_all)
+        except BaseException:
+            sock.close()
+            raise
+        settings = EngineSettings(
+            job_id=cfg.job_id, rank=cfg.rank, world=cfg.world, values_per_packet=cfg.k, slots=cfg.slots,
+            window=cfg.window or cfg.slots, rto_s=None if cfg.rto_ms is None else cfg.rto_ms * 1e-3,
+            rto_min_s=cfg.rto_min_ms * 1e-3, rto_max_s=cfg.rto_max_ms * 1e-3,
+            backoff=cfg.backoff, timeout_s=cfg.timeout_s, sender_threads=cfg.sender_threads,
+            stash_limit_bytes=cfg.stash_limit_bytes, faults=cfg.faults)
+        self.engine = Engine(sock, settings)
+        return self
+
+    def _handshake(self, sock: socket.socket, wait_all: bool) -> int:
+        cfg = self.config
+        params = cfg.join_params()
+        start = time.monotonic()
+        resend_s, first_reply, polls = 0.02, None, 0
+        while True:
+            flags = p.SYNC if first_reply is not None else 0
+            packet = p.pack(p.JOIN, cfg.job_id, 0, 0, 0, cfg.rank, cfg.world, flags, values=params.to_values())
+            try:
+                sock.send(packet)
+                polls += 1
+                reply = self._await_joined(sock, resend_s)
+            except ConnectionRefusedError:
+                raise InnetError(f"innet switch at {cfg.switch} refused the job (nothing listens on that port); "
+                                 f"start one with `stepscope innet switch --port {cfg.address()[1]}`") from None
+            now = time.monotonic()
+            if reply is not None:
+                first_reply = first_reply or now
+                joined = reply
+                if joined >= cfg.world or not wait_all:
+                    return joined
+                if now - first_reply > cfg.join_timeout_s:
+                    raise InnetError(f"only {joined} of {cfg.world} ranks joined job {cfg.job_id} within "
+                                     f"{cfg.join_timeout_s:g} s")
+                resend_s = 0.01
+            elif first_reply is None:
+                if now - start > cfg.connect_timeout_s:
+                    raise InnetError(f"innet switch at {cfg.switch} did not answer within {cfg.connect_timeout_s:g} s "
+                                     f"({polls} JOIN packets sent); is `stepscope innet switch` running there?")
+                resend_s = min(resend_s * 2, 0.5)
+
+    def _await_joined(self, sock: socket.socket, wait_s: float) -> int | None:
+        """Members joined, from a JOINED reply within `wait_s`; None if none came."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([sock], [], [], remaining)[0]:
+                return None
+            data = sock.recv(65_536)
+            try:
+                h = p.unpack(data)
+            except p.ProtocolError:
+                continue
+            if h.type != p.JOINED or h.job != self.config.job_id:
+                continue
+            values = p.values_of(data, h.count)
+            if h.flags & p.BAD:
+                reason = p.REJECT_REASONS.get(int(values[0]) if len(values) else 0, "rejected")
+                raise InnetError(f"the switch rejected job {self.config.job_id}: {reason}")
+            return int(values[4]) if len(values) > 4 else 0
+
+    def close(self) -> None:
+        """Leave the job (the switch frees it when every rank left) and stop the engine."""
+        if self.engine is None:
+            return
+        engine, self.engine = self.engine, None
+        engine.close()
+        cfg = self.config
+        try:  # best effort: a lost LEAVE only delays the switch's idle cleanup of the job
+            engine.sock.send(p.pack(p.LEAVE, cfg.job_id, 0, 0, 0, cfg.rank, cfg.world, 0))
+        except OSError:
+            pass
+        engine.sock.close()
+
+    def __enter__(self) -> "InnetJob":
+        return self if self.engine is not None else self.join()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- all-reduce ---------------------------------------------------------------------------
+    def submit(self, tensor: Any, op: str = "avg", k: int | None = None, preemptive: bool = False,
+               callback: Callable[[Op], Any] | None = None) -> Pending:
+        """Start reducing `tensor` in place (float32 -> quantized sum or average; int32 -> exact sum).
+        `k` is the fastest-K: the switch may complete a block without the slowest ranks once the straggler
+        timeout passed and k contributions arrived (None = world: wait for everyone)."""
+        if self.engine is None:
+            raise InnetError("join() the job before reducing")
+        if op not in ("avg", "sum"):
+            raise UsageError(f"op must be avg or sum, got {op!r}")
+        world = self.config.world
+        min_count = world if k is None else k
+        if not 1 <= min_count <= world:
+            raise UsageError(f"k must be 1..world ({world}), got {k}")
+        array, finish = _as_array(tensor)
+        if array.dtype == np.int32 and op == "avg":
+            raise UsageError("int32 tensors are summed exactly; use op='sum' (avg needs float32)")
+        with self._lock:  # op ids follow submit order, which every rank must share
+            op_id, self.next_op = self.next_op, self.next_op + 1
+        job_op = Op(op_id, array, average=op == "avg", min_count=min_count, preemptive=preemptive,
+                    values_per_packet=self.config.k, slots=self.config.slots, world=world)
+        if callback is not None:
+            job_op.callbacks.append(callback)
+        self.log(log_line(op_id, array, self.config.pipes, op == "avg", min_count, world, tensor))
+        self.engine.submit(job_op)
+        return Pending(self, job_op, tensor, finish)
+
+    def all_reduce(self, tensor: Any, op: str = "avg", k: int | None = None, preemptive: bool = False) -> Any:
+        """Reduce `tensor` in place across the job and return it (blocking)."""
+        return self.submit(tensor, op, k, preemptive).wait()
+
+    def stats(self) -> dict[str, int]:
+        """The switch's counters for this job."""
+        if self.engine is None:
+            raise InnetError("join() the job first")
+        return self.engine.request_stats()
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """This worker's counters (sent, retransmitted, ...) and its injected faults."""
+        if self.engine is None:
+            return {}
+        faults = self.engine.faults.counters
+        return {**vars(self.engine.counters), **{f"injected_{k}": v for k, v in vars(faults).items()}}
+
+
+def _as_array(tensor: Any) -> tuple[np.ndarray, Callable[[], None] | None]:
+    """A flat numpy view sharing the tensor's memory (CUDA tensors are staged through host memory)."""
+    if isinstance(tensor, np.ndarray):
+        if not tensor.flags.c_contiguous:
+            raise UsageError("innet all-reduce needs a contiguous array")
+        array = tensor.reshape(-1)
+    else:
+        import torch
+
+        if not isinstance(tensor, torch.Tensor):
+            raise UsageError(f"cannot all-reduce a {type(tensor).__name__}")
+        if not tensor.is_contiguous():
+            raise UsageError("innet all-reduce needs a contiguous tensor")
+        if tensor.device.type != "cpu":
+            host = tensor.detach().to("cpu")
+            return _check_dtype(host.view(-1).numpy()), lambda: tensor.copy_(host)
+        array = tensor.detach().view(-1).numpy()
+    return _check_dtype(array), None
+
+
+def _check_dtype(array: np.ndarray) -> np.ndarray:
+    if array.dtype not in (np.float32, np.int32):
+        raise UsageError(f"innet all-reduce supports float32 and int32, not {array.dtype}")
+    return array
+
+
+def log_line(op_id: int, array: np.ndarray, pipes: int, average: bool, min_count: int, world: int,
+             tensor: Any = None) -> str:
+    """`innet: new-task allreduce.<id> [<numel> x f32] <src> > <dst> <P>-pipe average quant.1 no-straggle`."""
+    address = tensor.data_ptr() if hasattr(tensor, "data_ptr") else array.ctypes.data
+    kind = "f32" if array.dtype == np.float32 else "i32"
+    tolerance = "no-straggle" if min_count >= world else f"straggle-{min_count}"
+    return (f"innet: new-task allreduce.{op_id} [{len(array)} x {kind}] 0x{address:x} > 0x{address:x} "
+            f"{pipes}-pipe {'average' if average else 'sum'} quant.{int(array.dtype == np.float32)} {tolerance}")
+
+
+# ---- a module-level default job -----------------------------------------------------------------------
+_default: InnetJob | None = None
+
+
+def init(switch: str, rank: int | None = None, world: int | None = None, job_id: int | None = None,
+         **options: Any) -> InnetJob:
+    """Join the default job; rank, world and (when None) a shared job id come from torch.distributed."""
+    global _default
+    if rank is None or world is None or job_id is None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise UsageError("init() needs rank, world and job_id, or an initialized torch.distributed group")
+        rank = dist.get_rank() if rank is None else rank
+        world = dist.get_world_size() if world is None else world
+        if job_id is None:
+            box = [new_job_id() if dist.get_rank() == 0 else None]
+            dist.broadcast_object_list(box, src=0)
+            job_id = box[0]
+    shutdown()
+    _default = InnetJob(JobConfig(switch=switch, rank=rank, world=world, job_id=job_id, **options)).join()
+    return _default
+
+
+def all_reduce(tensor: Any, op: str = "avg", k: int | None = None, preemptive: bool = False) -> Any:
+    """Reduce `tensor` in place through the default job (see `init`)."""
+    if _default is None:
+        raise InnetError("call stepscope.innet.init(...) before all_reduce")
+    return _default.all_reduce(tensor, op=op, k=k, preemptive=preemptive)
+
+
+def shutdown() -> None:
+    global _default
+    if _default is not None:
+        _default.close()
+        _default = None
+

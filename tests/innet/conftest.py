@@ -1,0 +1,50 @@
+"""Shared pieces of the innet tests: an in-process switch thread and worker threads with a deadline."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import pytest
+
+from stepscope.innet.switch import Switch, SwitchConfig
+from stepscope.innet.worker import InnetJob, JobConfig
+
+
+@pytest.fixture
+def switch():
+    """A real switch on a UDP port the OS picked, served by a thread of this process."""
+    with Switch(SwitchConfig()) as running:
+        yield running
+
+
+def address(switch: Switch) -> str:
+    return f"127.0.0.1:{switch.address[1]}"
+
+
+def run_ranks(world: int, body: Callable[[int], Any], timeout_s: float = 30.0) -> list[Any]:
+    """`body(rank)` on one thread per rank; re-raises the first failure; never waits past the deadline."""
+    results: list[Any] = [None] * world
+    errors: list[BaseException] = []
+
+    def target(rank: int) -> None:
+        try:
+            results[rank] = body(rank)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=target, args=(rank,), daemon=True) for rank in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s)
+    assert not any(t.is_alive() for t in threads), f"ranks still running after {timeout_s} s"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def job(switch: Switch, rank: int, world: int, job_id: int = 11, **options: Any) -> InnetJob:
+    options.setdefault("timeout_s", 10.0)
+    config = JobConfig(switch=address(switch), job_id=job_id, rank=rank, world=world, **options)
+    return InnetJob(config, log=lambda _: None).join()

@@ -1,0 +1,79 @@
+"""`stepscope innet ...`: bad input is one line and exit 2; each command runs on tiny sizes (real switch
+process, real ranks) and appends well-formed records."""
+
+import json
+
+import pytest
+
+from stepscope.results.store import read_records
+
+
+@pytest.mark.parametrize("args", [
+    ["bench", "--world", "0"], ["bench", "--drop", "1.5"], ["bench", "--sizes", "3"], ["bench", "--mode", "fast"],
+    ["bench", "--world", "2", "--straggler", "ranks=5;delay=1s"], ["bench", "--straggler", "delay=soon"],
+    ["bench", "-k", "3", "--world", "2"], ["bench", "--switch", "localhost"], ["switch", "--port", "70000"],
+    ["bench", "--switch", "127.0.0.1:9"], ["train", "--model", "tiny", "--switch", "127.0.0.1:9"],
+    ["simulate", "--workers", "1"], ["simulate", "--link-gbps", "1000"], ["simulate", "--loss", "x"],
+    ["timeout-profile", "--sto-ms", "x"], ["timeout-profile", "--rto-ms", "0"], ["train", "--model", "nope"],
+    ["train", "--world", "1"], ["train", "--ddp", "fancy"]])
+def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, args):
+    code, out, err = cli("innet", *args, "--out", tmp_path)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "error" in err
+    assert not list(tmp_path.glob("*.jsonl"))  # nothing was started or written
+
+
+def test_switch_serves_and_records_on_exit(cli, tmp_path):
+    code, out, err = cli("innet", "switch", "--port", "0", "--duration-s", "0.3", "--out", tmp_path)
+    assert code == 0 and "innet switch listening on 127.0.0.1:" in out
+    [record] = read_records(tmp_path / "innet-switch.jsonl")
+    assert record["metrics"]["switch_bad"] == 0 and record["env"]["hostname"]
+
+
+def test_simulate_prints_bounds_and_counters(cli, tmp_path):
+    code, out, err = cli("innet", "simulate", "--op-bytes", "1M", "--sto-ms", "0.05,12.5", "-k", "5", "--out", tmp_path)
+    assert code == 0, err
+    assert "ideal_innet_algbw_Gbps" in out and "ideal_ring_algbw_Gbps" in out and "ok / to blocks" in out
+    assert "packets/s" in out
+    records = read_records(tmp_path / "innet-simulate.jsonl")
+    assert len(records) == 2 and all(r["metrics"]["algbw_Gbps"] > 0 for r in records)
+    assert records[0]["metrics"]["ideal_ring_algbw_Gbps"] == pytest.approx(60.0)
+
+
+def test_bench_checks_every_result_under_loss(cli, tmp_path):
+    code, out, err = cli("innet", "bench", "--world", "2", "--sizes", "1K,6000", "--mode", "per-op,batch",
+                         "--batch", "2", "--warmup", "1", "--iters", "2", "--check", "--drop", "0.02",
+                         "--pipes", "1", "--out", tmp_path)
+    assert code == 0, err
+    assert "innet_algbw_Gbps" in out and "gloo_algbw_Gbps" in out
+    records = read_records(tmp_path / "innet-bench.jsonl")
+    assert len(records) == 4
+    for record in records:
+        metrics = record["metrics"]
+        assert metrics["wrong_elements"] == 0 and metrics["checked_elements"] > 0
+        assert metrics["innet_latency_ms_median"] > 0 and metrics["gloo_algbw_Gbps"] > 0 and metrics["ok"] > 0
+    assert json.dumps(records)  # well-formed
+    switch_records = read_records(tmp_path / "innet-switch.jsonl")  # the switch process recorded its job too
+    assert any(r["config"]["job"] and r["metrics"]["ok"] > 0 for r in switch_records)
+
+
+def test_timeout_profile_prints_dpa_layout(cli, tmp_path):
+    code, out, err = cli("innet", "timeout-profile", "--world", "2", "--sto-ms", "0.05,5", "--rto-ms", "20,50",
+                         "--ops", "3", "--size", "1K", "--out", tmp_path)
+    assert code == 0, err
+    assert "STO ms (ticks)" in out and "0.05 (1)" in out and "5 (77)" in out and "3 ops batch" in out
+    assert "RTO 50 ms Gb/s" in out
+    records = read_records(tmp_path / "innet-timeout-profile.jsonl")
+    assert len(records) == 2 * (3 + 1)  # 3 workloads at the first RTO, the waited one at the second
+    assert all(r["metrics"]["ok"] + r["metrics"]["to"] > 0 for r in records)
+
+
+def test_train_prints_bucket_lines_and_step_times(cli, tmp_path):
+    code, out, err = cli("innet", "train", "--model", "tiny", "--world", "2", "--steps", "1", "--seq", "8",
+                         "--straggler", "ranks=1;delay=300ms", "--values-per-packet", "512", "--out", tmp_path)
+    assert code == 0, err
+    assert "innet: new-task allreduce." in out and "no-straggle" in out and "straggle-1" in out
+    assert "replicas identical after training: gloo yes, innet yes" in out
+    records = read_records(tmp_path / "innet-train.jsonl")
+    assert len(records) == 6  # gloo and innet K=2, K=1, each without and with the straggler
+    assert all(r["metrics"]["step_ms_median"] > 0 for r in records)

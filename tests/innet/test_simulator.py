@@ -1,0 +1,84 @@
+"""The discrete-event simulator: agreement with the emulator's counters on small cases, the ideal bounds,
+and the published qualitative behaviour (deterministic seeds; no timing assertions)."""
+
+import time
+
+import numpy as np
+import pytest
+
+from stepscope.errors import UsageError
+from stepscope.innet.faults import FaultConfig
+from stepscope.innet.simulator import SimConfig, ideal_bounds, simulate
+from tests.innet.conftest import job, run_ranks
+
+COUNTERS = ("ok", "to", "kr", "re", "dup", "old")
+WORLD, NUMEL = 3, 640  # k = 64: 10 data blocks + 8 prologue blocks (slots 8) = 18 blocks
+
+
+def emulate(switch, job_id, k=None, straggle_s=0.0, faults=FaultConfig(), sto_ms=5.0):
+    def rank(r):
+        member = job(switch, r, WORLD, job_id=job_id, pipes=1, slots=8, rto_ms=1000, rto_max_ms=2000,
+                     sto_ms=sto_ms, faults=faults)
+        if r == WORLD - 1 and straggle_s:
+            time.sleep(straggle_s)
+        member.all_reduce(np.ones(NUMEL, np.float32), "avg", k=k)
+        time.sleep(0.2)  # late duplicates reach the switch before anyone leaves
+        stats = member.stats() if r == 0 else None
+        member.close()
+        return stats
+
+    return run_ranks(WORLD, rank)[0]
+
+
+def model(**options):
+    return simulate(SimConfig(workers=WORLD, pipes=1, slots=8, op_bytes=4 * NUMEL, rto_ms=1000, rto_max_ms=2000,
+                              stall_prob=0, sto_ms=5.0, **options))
+
+
+@pytest.mark.parametrize("case", ["all-ranks", "straggler", "duplicates"])
+def test_simulator_and_emulator_agree_on_small_cases(switch, case):
+    if case == "all-ranks":
+        emulated, simulated = emulate(switch, 21), model()
+    elif case == "straggler":
+        emulated = emulate(switch, 22, k=2, straggle_s=1.0)
+        simulated = model(k=2, straggler_ranks=(WORLD - 1,), straggler_ms=1000)
+    else:
+        emulated = emulate(switch, 23, faults=FaultConfig(duplicate=1.0))
+        simulated = model(duplicate=1.0)
+    assert {c: emulated[c] for c in COUNTERS} == {c: simulated[c] for c in COUNTERS}
+    expected = {"all-ranks": (18, 0, 0), "straggler": (0, 18, 0), "duplicates": (18, 0, 18 * WORLD)}[case]
+    assert (simulated["ok"], simulated["to"], simulated["dup"]) == expected
+
+
+def test_ideal_bounds():
+    bounds = ideal_bounds(SimConfig(workers=6, link_gbps=100, pipes=4))
+    assert bounds["ideal_ring_algbw_Gbps"] == pytest.approx(100 * 6 / 10)
+    assert bounds["ideal_innet_algbw_Gbps"] == pytest.approx(100 * 1024 / (1024 + 32 + 66))
+
+
+def test_line_rate_without_noise_approaches_the_bound():
+    result = simulate(SimConfig(op_bytes=20_000_000, stall_prob=0, jitter_us=0))
+    assert 0.8 * result["ideal_innet_algbw_Gbps"] < result["algbw_Gbps"] <= result["ideal_innet_algbw_Gbps"]
+    assert result["to"] == 0 and result["re"] == 0 and result["sim_packets"] > 100_000
+
+
+def test_short_timeouts_fire_without_stragglers_and_long_ones_cost_throughput():
+    runs = {sto: simulate(SimConfig(op_bytes=10_000_000, k=5, sto_ms=sto, stall_prob=2e-4, seed=1))
+            for sto in (0.05, 1.0, 12.5)}
+    assert runs[0.05]["to"] > runs[1.0]["to"] > runs[12.5]["to"] == 0
+    assert runs[0.05]["algbw_Gbps"] > runs[12.5]["algbw_Gbps"]
+
+
+def test_fastest_k_hides_a_straggler():
+    straggler = dict(workload="waited", ops=2, op_bytes=10_000_000, straggler_ranks=(5,), straggler_ms=2000)
+    tolerant = simulate(SimConfig(k=5, **straggler))
+    waiting = simulate(SimConfig(**straggler))
+    assert waiting["op_ms_mean"] >= 2000 > 10 * tolerant["op_ms_mean"]
+    assert tolerant["to"] == tolerant["blocks"]
+
+
+def test_invalid_configurations_are_usage_errors():
+    for bad in (dict(workers=1), dict(link_gbps=1000), dict(pipes=5), dict(k=9), dict(loss=1.0),
+                dict(workload="sometimes"), dict(straggler_ranks=(6,))):
+        with pytest.raises(UsageError):
+            simulate(SimConfig(**bad))

@@ -1,0 +1,158 @@
+"""The all-reduce client against a real switch over loopback UDP: results under loss, duplication and
+reordering; fastest-K with a stalled rank; clean errors when the switch is not there."""
+
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from stepscope.errors import UsageError
+from stepscope import innet
+from stepscope.innet import InnetError, InnetJob, JobConfig, log_line
+from stepscope.innet.faults import FaultConfig
+from stepscope.innet.reference import check_result, reference_input
+from stepscope.innet.switch import Switch, SwitchConfig
+from tests.innet.conftest import address, job, run_ranks
+
+FAULTY = FaultConfig(drop_up=0.05, drop_down=0.05, duplicate=0.05, reorder=0.05, seed=3)
+
+
+@pytest.mark.parametrize("world,numel,senders", [(2, 1000, 0), (3, 777, 2), (4, 2049, 0)])
+def test_exact_ints_and_bounded_floats_under_loss_duplication_and_reordering(switch, world, numel, senders):
+    ints = [reference_input(1, r, numel, "i32") for r in range(world)]
+    floats = [reference_input(1, r, numel, "f32") for r in range(world)]
+
+    def rank(r):
+        member = job(switch, r, world, pipes=1, slots=8, rto_ms=3, faults=FAULTY,  # k = 64: numel % k != 0
+                     sender_threads=senders)
+        a, b, c = ints[r].copy(), floats[r].copy(), floats[r].copy()
+        member.all_reduce(a, "sum")
+        pending = [member.submit(b, "sum"), member.submit(c, "avg")]  # two ops in flight (batch)
+        for x in pending:
+            x.wait()
+        counters = member.counters
+        member.close()
+        return a, b, c, counters
+
+    results = run_ranks(world, rank)
+    for a, b, c, counters in results:
+        assert np.array_equal(a, np.sum(ints, axis=0, dtype=np.int64).astype(np.int32))
+        assert check_result(b, floats, values_per_packet=64, average=False).wrong == 0
+        assert check_result(c, floats, values_per_packet=64, average=True).wrong == 0
+        assert np.array_equal(c, results[0][2])  # every rank holds the very same average
+    injected = [r[3] for r in results]
+    assert sum(c["injected_dropped_up"] + c["injected_dropped_down"] for c in injected) > 0
+    assert sum(c["retransmitted"] for c in injected) > 0
+    stats = switch.job_counters()[11]
+    assert stats["dup"] > 0 and stats["bad"] == 0 and stats["to"] == 0
+
+
+def test_a_wrong_result_would_be_detected():
+    floats = [reference_input(1, r, 300, "f32") for r in range(2)]
+    good = (floats[0].astype(np.float64) + floats[1]).astype(np.float32)
+    assert check_result(good, floats, values_per_packet=64, average=False).wrong == 0
+    bad = good.copy()
+    bad[5] += 1e-3
+    assert check_result(bad, floats, values_per_packet=64, average=False).wrong == 1
+
+
+def test_fastest_k_finishes_within_sto_when_a_rank_stalls_and_averages_the_real_count(switch):
+    world, numel, sto_ms, stall_s = 3, 500, 20.0, 1.5
+    inputs = [np.full(numel, float(r + 1), np.float32) for r in range(world)]
+
+    def rank(r):
+        # 500 values, k = 256: 2 prologue + 2 data blocks, all in flight at once (slots 8): one STO each round
+        member = job(switch, r, world, pipes=4, slots=8, sto_ms=sto_ms)
+        if r == 2:
+            time.sleep(stall_s)  # the straggler
+        start = time.perf_counter()
+        pending = member.submit(inputs[r].copy(), "avg", k=2)
+        result = pending.wait()
+        seconds = time.perf_counter() - start
+        summary = pending.summary()
+        member.close()
+        return result, seconds, summary
+
+    results = run_ranks(world, rank)
+    for r in (0, 1):
+        result, seconds, summary = results[r]
+        # two rounds (prologue, data) each waiting one STO, plus a generous margin for a loaded machine
+        assert seconds < 2 * sto_ms / 1e3 + 0.5 < stall_s
+        assert summary["min_contributors"] == 2 and summary["timed_out_blocks"] == 4
+        assert np.allclose(result, 1.5, atol=1e-6)  # (1 + 2) / 2, not (1 + 2 + 0) / 3
+    assert np.array_equal(results[2][0], results[0][0])  # the straggler receives the same average
+    assert results[2][1] < 0.5  # and catches up at once: the results were already there
+
+
+def test_a_refused_port_fails_at_once():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again when the block ends: nothing listens
+    start = time.monotonic()
+    with pytest.raises(InnetError, match="refused|did not answer"):
+        InnetJob(JobConfig(switch=f"127.0.0.1:{port}", connect_timeout_s=3)).join()
+    assert time.monotonic() - start < 3.5
+
+
+def test_a_silent_switch_fails_within_the_connect_timeout():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as black_hole:
+        black_hole.bind(("127.0.0.1", 0))
+        start = time.monotonic()
+        with pytest.raises(InnetError, match="did not answer within 1 s"):
+            InnetJob(JobConfig(switch=f"127.0.0.1:{black_hole.getsockname()[1]}", connect_timeout_s=1)).join()
+        assert time.monotonic() - start < 2.5
+
+
+def test_a_switch_that_dies_mid_job_fails_the_op_within_the_timeout():
+    switch = Switch(SwitchConfig()).start()
+    member = InnetJob(JobConfig(switch=address(switch), world=2, rank=0, timeout_s=1.0), log=lambda _: None)
+    member.join(wait_all=False)
+    switch.stop()  # rank 1 never comes, and now the switch is gone too
+    start = time.monotonic()
+    with pytest.raises(InnetError, match="refused|did not answer|no all-reduce progress"):
+        member.all_reduce(np.ones(1000, np.float32))
+    assert time.monotonic() - start < 3
+    member.close()
+
+
+def test_bad_requests_are_usage_errors(switch):
+    member = job(switch, 0, 1)
+    with pytest.raises(UsageError):
+        member.all_reduce(np.ones(4, np.float64))
+    with pytest.raises(UsageError):
+        member.all_reduce(np.ones(4, np.int32), "avg")
+    with pytest.raises(UsageError):
+        member.all_reduce(np.ones(4, np.float32), k=2)
+    assert member.all_reduce(np.ones(4, np.float32), "sum").tolist() == [1.0] * 4  # world 1 works
+    member.close()
+    with pytest.raises(UsageError):
+        JobConfig(switch="nohost").validate()
+
+
+def test_log_line_has_the_dpa_format():
+    array = np.zeros(7087872, np.float32)
+    line = log_line(1120, array, 4, True, 4, 4)
+    address_ = f"0x{array.ctypes.data:x}"
+    assert line == (f"innet: new-task allreduce.1120 [7087872 x f32] {address_} > {address_} "
+                    "4-pipe average quant.1 no-straggle")
+    assert log_line(3, np.zeros(5, np.int32), 1, False, 3, 4).endswith("1-pipe sum quant.0 straggle-3")
+
+
+def test_module_level_all_reduce_on_an_initialized_job(switch):
+    with pytest.raises(InnetError, match="init"):
+        innet.all_reduce(np.ones(3, np.float32))
+
+    def rank(r):
+        job_ = InnetJob(JobConfig(switch=address(switch), job_id=31, rank=r, world=2), log=lambda _: None).join()
+        try:
+            return job_.all_reduce(np.full(300, r, np.float32), "avg", k=None)
+        finally:
+            job_.close()
+
+    innet.init(address(switch), rank=0, world=1, job_id=30)  # the default job (world 1 here)
+    try:
+        assert innet.all_reduce(np.full(5, 2.0, np.float32), op="sum").tolist() == [2.0] * 5
+    finally:
+        innet.shutdown()
+    assert all(np.allclose(x, 0.5) for x in run_ranks(2, rank))
