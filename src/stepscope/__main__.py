@@ -1,7 +1,5 @@
 """`python -m stepscope` is the `stepscope` command."""
 
-import sys
+from stepscope.cli.main import entry_point
 
-from stepscope.cli.main import main
-
-sys.exit(main())
+entry_point()

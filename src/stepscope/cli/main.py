@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from typing import NoReturn, Sequence
 
@@ -55,12 +56,13 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+    """Run one command; returns the exit code (0, 1 a rank failed, 2 bad input, 130 interrupted)."""
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
         return int(args.func(args) or 0)
     except UsageError as error:
         print(f"stepscope: error: {error}", file=sys.stderr)
@@ -78,5 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+def entry_point() -> NoReturn:
+    """The `stepscope` program (console script and `python -m stepscope`)."""
+    code = main()
+    # the work is over and its exit code decided: a Ctrl-C arriving during interpreter shutdown must not
+    # turn it into a death by SIGINT
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry_point()
