@@ -81,12 +81,19 @@ def test_ctrl_c_keeps_finished_points_and_resume_completes(tmp_path):
 
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
-    path = tmp_path / "attention.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (path.exists() and path.read_text().count("\n") >= 2):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
+    try:
+        path = tmp_path / "attention.jsonl"
+        deadline = time.time() + 120
+        while time.time() < deadline and not (path.exists() and path.read_text().count("\n") >= 2):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # never leave a sweep running behind a failed test
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err.decode()
     kept = read_records(path)
     assert 2 <= len(kept) < 12  # Ctrl-C may even land between the two records of one point
     done = subprocess.run(argv + ["--resume"], capture_output=True, text=True, env=env, cwd=tmp_path,

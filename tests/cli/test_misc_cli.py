@@ -16,6 +16,26 @@ def test_precision_accumulate_shows_why_accumulators_stay_fp32(cli, tmp_path):
     assert abs(values["fp32 += fp16"] - 10) < 0.01
 
 
+def test_precision_accumulate_rejects_an_empty_sum(cli, tmp_path):
+    code, _, err = cli("precision", "accumulate", "--steps", "0", "--out", tmp_path)
+    assert code == 2 and "steps > 0" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "precision.jsonl").exists()
+
+
+def test_csv_batches_stay_aligned_under_their_header():
+    import io
+
+    from stepscope.cli.output import Printer
+
+    stream = io.StringIO()
+    printer = Printer("csv", stream)
+    printer.emit([{"seq": 8, "status": "ok", "ms": 1.5, "note": None}])
+    printer.emit([{"seq": 16, "status": "oom", "note": "out of memory"}])  # a subset: same header, aligned
+    printer.emit([{"part": "weights", "GiB": 2.0}])  # another table: its own header
+    assert stream.getvalue().splitlines() == ["seq,status,ms,note", "8,ok,1.5,", "16,oom,,out of memory",
+                                              "part,GiB", "weights,2.0"]
+
+
 def test_precision_dtypes_for_toy_and_a_preset(cli, tmp_path):
     code, out, err = cli("precision", "dtypes", "--precision", "fp16", "--out", tmp_path)
     assert code == 0, err

@@ -1,6 +1,7 @@
 """`stepscope step` end to end on the tiny model: every mode and precision, sweeps, bad input, resume."""
 
-import json
+import csv
+import io
 import os
 import signal
 import subprocess
@@ -38,9 +39,12 @@ def test_sweep_csv_overrides_threads_and_naive_attention(cli, tmp_path):
                          "--format", "csv", "--out", tmp_path)
     assert code == 0, err
     assert out.splitlines()[0].startswith("model,batch,seq")
+    rows = list(csv.DictReader(io.StringIO(out)))  # one header, every row aligned under it
+    assert len(rows) == 8 and {row["phase"] for row in rows} == {"forward", "backward", "optimizer", "step"}
+    assert all(float(row["median_ms"]) > 0 and row["threads"] == "1" for row in rows)
     records = read_records(tmp_path)
     assert [r["config"]["model_spec"]["n_layers"] for r in records] == [1, 2]
-    assert all(r["metrics"]["threads"] == 1 for r in records)
+    assert all(r["metrics"]["threads"] == 1 and r["env"]["threads"] == 1 for r in records)
 
 
 def test_show_renders_stored_records(cli, tmp_path):
@@ -91,6 +95,15 @@ def test_unsupported_precision_and_unwritable_out(cli, tmp_path, monkeypatch):
     assert code == 2 and "cannot write results" in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_backend_that_cannot_run_here_is_refused_before_any_work(cli, tmp_path, monkeypatch):
+    from stepscope.kernels import flash_triton
+
+    monkeypatch.setattr(flash_triton, "INTERPRETED", False)  # as if TRITON_INTERPRET had not been set
+    code, _, err = cli("step", *TINY, "--attention", "sdpa,flash-triton", "--device", "cpu", "--out", tmp_path)
+    assert code == 2 and "flash-triton" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "step.jsonl").exists()  # not even the sdpa point ran
+
+
 def test_oom_becomes_a_row_and_the_sweep_goes_on(cli, tmp_path, monkeypatch):
     import stepscope.measure.step as step
 
@@ -110,16 +123,23 @@ def test_oom_becomes_a_row_and_the_sweep_goes_on(cli, tmp_path, monkeypatch):
 
 def test_ctrl_c_keeps_finished_points_and_resume_skips_them(tmp_path):
     """A real SIGINT to a real sweep; then --resume finishes it without duplicates."""
-    argv = STEPSCOPE + ["step", "--model", "tiny", "--batch", "2", "--warmup", "0", "--iters", "30",
+    argv = STEPSCOPE + ["step", "--model", "tiny", "--batch", "2", "--warmup", "0", "--iters", "10",
                         "--seq", "16,32,48,64,80,96", "--out", str(tmp_path)]
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
-    path = tmp_path / "step.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (path.exists() and path.read_text().count("\n") >= 1):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
+    try:
+        path = tmp_path / "step.jsonl"
+        deadline = time.time() + 120
+        while time.time() < deadline and not (path.exists() and path.read_text().count("\n") >= 1):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # never leave a sweep running behind a failed test
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err.decode()
     kept = read_records(path)
     assert 1 <= len(kept) < 6
     done = subprocess.run(argv + ["--resume"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)

@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "and measure peak memory. Comma lists sweep; options given override the --grid preset.")
     parser.add_argument("--grid", default=None, help=f"preset sweep ({grids})")
     parser.add_argument("--impl", default=None,
-                        help="comma list of naive,sdpa,compiled,flash-torch,flash-triton (default naive,sdpa,flash-torch)")
+                        help="comma list of naive,sdpa,compiled,flash-torch,flash-triton "
+                             "(default naive,sdpa,flash-torch)")
     sizes = parser.add_argument_group("problem (comma lists sweep)")
     sizes.add_argument("--batch", default=None, help="batch sizes (default 8)")
     sizes.add_argument("--heads", default=None, help="heads (default 1)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Sequence, TextIO
 
-from stepscope.results.views import render
+from stepscope.results.views import columns_of, render
 
 
 class Printer:
@@ -18,18 +18,22 @@ class Printer:
 
     def emit(self, rows: Sequence[dict[str, Any]], *, title: str | None = None,
              columns: Sequence[str] | None = None) -> None:
+        """Print one batch of rows. CSV: a batch whose columns are all in the current header is written
+        under it (missing cells empty), so a sweep stays one well-formed CSV however its rows vary; a batch
+        with other columns (another table) starts a new header."""
         if not rows:
             return
-        text = render(rows, fmt=self.fmt, columns=columns, title=title)
         if self.fmt == "csv":
-            header, _, body = text.partition("\n")
-            if self._csv_columns is None:
-                self._csv_columns = header.split(",")
-                text = header + ("\n" + body if body else "")
+            columns = list(columns) if columns else columns_of(rows)
+            if self._csv_columns is not None and set(columns) <= set(self._csv_columns):
+                text = render(rows, fmt="csv", columns=self._csv_columns).partition("\n")[2]
             else:
-                text = body
-        elif self.fmt in ("table", "md"):
-            text += "\n"
+                self._csv_columns = columns
+                text = render(rows, fmt="csv", columns=columns)
+        else:
+            text = render(rows, fmt=self.fmt, columns=columns, title=title)
+            if self.fmt in ("table", "md"):
+                text += "\n"
         if text:
             print(text, file=self.stream, flush=True)
 

@@ -33,8 +33,8 @@ def run_accumulate(args: argparse.Namespace) -> int:
     from stepscope.measure.precision import accumulate
     from stepscope.results.store import RecordStore, make_record
 
+    rows = accumulate(args.steps, args.increment)  # microseconds of work; validates the arguments first
     store = RecordStore(args.out, "precision").check_writable()
-    rows = accumulate(args.steps, args.increment)
     env = torch_environment("cpu")
     for row in rows:
         store.append(make_record("precision", {"experiment": "accumulate", "case": row["case"],
@@ -46,43 +46,32 @@ def run_accumulate(args: argparse.Namespace) -> int:
 
 
 def run_dtypes(args: argparse.Namespace) -> int:
-    import torch
-
     from stepscope.cli.options import model_specs
     from stepscope.cli.output import Printer
+    from stepscope.errors import UsageError
     from stepscope.measure.device import check_precision, resolve_device
     from stepscope.measure.environment import torch_environment
-    from stepscope.measure.precision import ToyModel, autocast_dtypes
+    from stepscope.measure.precision import model_dtypes
     from stepscope.results.store import RecordStore, make_record
 
     device = resolve_device(args.device)
     check_precision(device, args.precision)
-    torch.manual_seed(0)
+    config = {"experiment": "dtypes", "model": args.model, "precision": args.precision, "device": device.type}
     if args.model == "toy":
-        model = ToyModel().to(device)
-        inputs = torch.randn(8, 16, device=device)
-        loss_fn = lambda out: out.float().pow(2).mean()  # noqa: E731
-        name = "toy"
+        if any(getattr(args, name) is not None for name in vars(args) if name.startswith("override_")):
+            raise UsageError("the toy model takes no field overrides (use a preset, e.g. --model tiny)")
+        spec = None
     else:
-        from stepscope.nn import TransformerLM, lm_loss
-
         specs = model_specs(args)
         if len(specs) != 1:
-            from stepscope.errors import UsageError
-
             raise UsageError("precision dtypes takes one model (no comma lists)")
         spec = specs[0]
-        model = TransformerLM(spec).to(device)
-        data = torch.randint(0, spec.vocab_size, (2, min(17, spec.context_length + 1)), device=device)
-        inputs, targets = data[:, :-1], data[:, 1:]
-        loss_fn = lambda logits: lm_loss(logits, targets)  # noqa: E731
-        name = spec.name
+        config["model_spec"] = spec.to_dict()
     store = RecordStore(args.out, "precision").check_writable()
-    rows, loss_dtype = autocast_dtypes(model, inputs, loss_fn, device, args.precision)
-    store.append(make_record("precision", {"experiment": "dtypes", "model": name, "precision": args.precision,
-                                           "device": device.type},
-                             {"modules": rows, "loss_dtype": loss_dtype}, env=torch_environment(device)))
+    rows, loss_dtype = model_dtypes(spec, device, args.precision)
+    store.append(make_record("precision", config, {"modules": rows, "loss_dtype": loss_dtype},
+                             env=torch_environment(device)))
     printer = Printer(args.format)
-    printer.emit(rows, title=f"{name} under {args.precision} autocast on {device.type}")
+    printer.emit(rows, title=f"{args.model} under {args.precision} autocast on {device.type}")
     printer.note(f"loss dtype: {loss_dtype}")
     return 0

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if args.status:
         records = [r for r in records if r.get("status") == args.status]
     if not records:
-        raise UsageError(f"no records in {args.path}" + (f" matching the filters" if args.kind or args.status else ""))
+        raise UsageError(f"no records in {args.path}" + (" matching the filters" if args.kind or args.status else ""))
     rows = [record_row(r) for r in records]
     available = columns_of(rows)
     if args.columns == "all":

@@ -57,7 +57,7 @@ def workload_grid(args: argparse.Namespace) -> list[tuple]:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.measure.step import StepConfig, run_step_sweep
+    from stepscope.measure.step import PHASE_COLUMNS, StepConfig, run_step_sweep
     from stepscope.results.store import RecordStore
 
     warmups = parse_list(args.warmup, non_negative_int, "--warmup")
@@ -72,6 +72,13 @@ def run(args: argparse.Namespace) -> int:
     printer = Printer(args.format)
 
     def show(record, config, result) -> None:
+        if args.format in ("csv", "json"):  # one row shape for every point, oom rows included (one CSV header)
+            identity = {"model": config.model.name, **config.workload.to_dict(), "attention": config.attention,
+                        "warmup": config.warmup, "threads": config.threads, "status": record["status"]}
+            rows = [{**identity, **row} for row in result.rows()] if result is not None else [
+                {**identity, "note": record.get("note")}]
+            printer.emit(rows, columns=[*identity, *PHASE_COLUMNS, "note"])
+            return
         point = f"{config.model.name} batch {config.workload.batch} seq {config.workload.seq} " \
                 f"{config.workload.mode} {config.workload.precision} {config.attention}" \
                 + (f" warmup {config.warmup}" if len(warmups) > 1 else "")
@@ -79,15 +86,10 @@ def run(args: argparse.Namespace) -> int:
             printer.emit([{"point": point, "status": record["status"], "note": record.get("note")}])
             return
         extra = f", compile {result.compile_s:.1f} s" if result.compile_s is not None else ""
-        title = f"{point} ({result.device}, {result.threads} threads{extra})"
-        rows = result.rows()
-        if args.format != "table":
-            rows = [{"model": config.model.name, **config.workload.to_dict(), "attention": config.attention,
-                     "warmup": config.warmup, **row} for row in rows]
-        printer.emit(rows, title=title)
+        printer.emit(result.rows(), title=f"{point} ({result.device}, {result.threads} threads{extra})")
 
     outcome = run_step_sweep(configs, store, resume=args.resume, on_record=show)
-    if len(outcome.records) > 1 and args.format == "table":
+    if len(outcome.records) > 1 and args.format in ("table", "md"):
         from stepscope.results.views import record_row
 
         rows = [record_row(r) for r in outcome.records]

@@ -280,7 +280,7 @@ class FlashAttentionTorch(torch.autograd.Function):
         with torch.autocast(q.device.type, enabled=False):
             out, lse = flash_forward(_flatten(q), _flatten(k), _flatten(v), bool(is_causal), FlashAttentionTorch.tiles)
         out = out.view(q.shape[:-1] + v.shape[-1:])
-        lse = lse.to(torch.float32 if q.dtype != torch.float64 else torch.float64).view(q.shape[:-1])
+        lse = lse.view(q.shape[:-1])  # fp32 (fp64 for fp64 inputs): the work dtype
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.is_causal = bool(is_causal)
         return out

@@ -57,7 +57,7 @@ def reference_forward_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """Output, logsumexp and (with `grad_out`) gradients in fp64, one block of query rows at a time.
 
     `rows` restricts the computation to those query rows (1-D index tensor): `out` and `lse` then hold
-    only those rows, and the gradients are exact for a `grad_out` that is zero on every other row
+    only those rows, and the gradients are exact for a `grad_out` that is zero outside those rows
     (the benchmark's cheap check at long sequences). Each row's softmax spans all its keys at once,
     so nothing here is an online softmax: it is the textbook formula, blocked only to bound memory.
     """

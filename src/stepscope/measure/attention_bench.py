@@ -34,8 +34,11 @@ from stepscope.measure.attention_check import TOLERANCE, AttentionPoint, Attenti
 from stepscope.measure.attention_impls import attention_impl, unsupported_reason, usage_problem
 from stepscope.measure.attention_memory import measure_attention_memory
 from stepscope.measure.device import DTYPES, cpu_threads, is_out_of_memory, release_memory, resolve_device
+from stepscope.measure.environment import torch_environment
 from stepscope.measure.stats import Stats
 from stepscope.measure.timer import PhaseClock
+from stepscope.results.store import RecordStore, make_record, point_key
+from stepscope.results.sweep import SweepOutcome
 
 BASELINES = ("sdpa", "naive")
 """Every implementation's time is also reported as a ratio to these (when they ran)."""
@@ -132,16 +135,8 @@ class ImplResult:
     note: str | None = None
 
 
-@dataclass
-class AttentionSweepOutcome:
-    """Records written (in order) and how many were skipped because they were recorded already."""
-
-    records: list[dict[str, Any]] = field(default_factory=list)
-    skipped: int = 0
-
-
-def _time_rounds(problem: AttentionProblem, fns: dict[str, Callable], config: AttentionBenchConfig, device: torch.device,
-                 results: dict[str, ImplResult]) -> dict[str, dict[str, list[float]]]:
+def _time_rounds(problem: AttentionProblem, fns: dict[str, Callable], config: AttentionBenchConfig,
+                 device: torch.device, results: dict[str, ImplResult]) -> dict[str, dict[str, list[float]]]:
     """Seconds per phase per round for every implementation, the order rotating each round."""
     grad_out = problem.grad_out if config.needs_backward else None
     names = list(fns)
@@ -284,15 +279,13 @@ def warm_up(impls: tuple[str, ...], device: torch.device, seconds: float = 1.0) 
     problem.clear_grads()
 
 
-def run_attention_sweep(config: AttentionBenchConfig, store=None, *, resume: bool = False,
+def run_attention_sweep(config: AttentionBenchConfig, store: RecordStore | None = None, *, resume: bool = False,
                         on_point: Callable[[AttentionPoint, list[dict[str, Any]]], None] = lambda point, records: None
-                        ) -> AttentionSweepOutcome:
-    """Measure every point into `store` (a RecordStore or None); records are appended point by point."""
-    from stepscope.measure.environment import torch_environment
-    from stepscope.results.store import make_record, point_key
-
+                        ) -> SweepOutcome:
+    """Measure every point into `store` (None: records are only returned); records are appended point by
+    point, `skipped` counts the records a resume found done."""
     device = config.validate()
-    outcome = AttentionSweepOutcome()
+    outcome = SweepOutcome()
     done = store.done_keys() if (store is not None and resume) else set()
     with cpu_threads(config.threads):
         warmed = False

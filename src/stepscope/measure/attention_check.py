@@ -3,7 +3,7 @@
 `AttentionProblem` holds random q, k, v, dO of one point and, computed once, the fp64 reference of
 `kernels.reference`. The check runs one forward (+ backward) of an implementation and measures the
 relative error (max |x − ref| / max |ref|) of O, dQ, dK, dV. At long sequences only `check_rows`
-evenly spaced query rows are checked: dO is zero on every other row for the check, which makes the
+evenly spaced query rows are checked: for the check dO is zero outside those rows, which makes the
 reference's gradients exact while it only computes those rows (dQ, dK, dV are checked whole).
 """
 

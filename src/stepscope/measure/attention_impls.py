@@ -53,7 +53,8 @@ def attention_impl(name: str) -> AttentionFn:
 
 
 def unsupported_reason(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
-    """Why `name` cannot run this point here (a row with status `unsupported`), or None."""
+    """Why `name` cannot run attention of this dtype and head_dim on `device` here, or None (the attention
+    benchmark makes it an `unsupported` row; `stepscope step` refuses the workload up front)."""
     if name == "flash-triton":
         from stepscope.kernels.flash_triton import HEAD_DIMS, unavailable_reason
 

@@ -4,7 +4,7 @@ One column of panels per setup (dtype, causal, batch, heads); one row per timed 
 memory (the larger of the forward and backward peaks). Colours tell implementations
 apart, markers head dimensions; both axes are logarithmic, so a quadratic cost is a line of slope 2.
 Only `ok` records are drawn: an implementation whose line stops early ran out of memory (or failed
-its check) at the next length. Matplotlib's Agg backend: no display needed.
+its check) at the next length. Rendered to a file, no display needed.
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ def _setup(config: dict[str, Any]) -> tuple:
 
 def plot_attention(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """Write the PNG to `path` (its folder is created) and return the path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # a bare Figure renders to files without pyplot: no window, and the caller's backend is left alone
+    from matplotlib.figure import Figure
 
     ok = [r for r in records if r.get("status") == "ok" and r.get("kind") == "attention"]
     if not ok:
@@ -38,7 +36,8 @@ def plot_attention(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     markers = {dim: _MARKERS[i % len(_MARKERS)] for i, dim in enumerate(dims)}
     rows = passes + ["memory"]
     width, height = max(6.4, 4.8 * len(setups)), 3.0 * len(rows)
-    fig, axes = plt.subplots(len(rows), len(setups), figsize=(width, height), squeeze=False, sharex="col")
+    fig = Figure(figsize=(width, height))
+    axes = fig.subplots(len(rows), len(setups), squeeze=False, sharex="col")
     for col, setup in enumerate(setups):
         dtype, causal, batch, heads = setup
         for row, what in enumerate(rows):
@@ -72,7 +71,6 @@ def plot_attention(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 

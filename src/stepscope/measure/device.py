@@ -35,6 +35,7 @@ def synchronize(device: torch.device) -> None:
 
 
 def dtype_of(precision: str) -> torch.dtype:
+    """torch dtype of fp32 | bf16 | fp16 | fp64 (UsageError otherwise)."""
     try:
         return DTYPES[precision]
     except KeyError:
@@ -64,6 +65,7 @@ def check_precision(device: torch.device, precision: str) -> None:
 
 
 def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU model."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     from stepscope.results.environment import cpu_model

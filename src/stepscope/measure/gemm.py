@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
+import statistics
 from pathlib import Path
 
 import torch
 
-from stepscope.measure.device import device_name, dtype_of, synchronize
+from stepscope.measure.device import device_name, dtype_of
+from stepscope.measure.timer import time_callable
 from stepscope.results.environment import base_environment
 
 _MIN_CALL_S = 0.05
@@ -24,6 +25,7 @@ _SIZES = (256, 512, 1024, 2048)
 
 
 def cache_file() -> Path:
+    """Where measured GEMM rates are kept between runs."""
     root = os.environ.get("STEPSCOPE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "stepscope")
     return Path(root) / "gemm.json"
 
@@ -34,22 +36,13 @@ def measure_gemm_rate(precision: str, device: torch.device) -> tuple[float, int]
     for n in _SIZES:
         a = torch.randn(n, n, device=device).to(dtype)
         b = torch.randn(n, n, device=device).to(dtype)
-        torch.matmul(a, b)  # warm-up (allocations, kernel selection)
-        synchronize(device)
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        synchronize(device)
-        if time.perf_counter() - start >= _MIN_CALL_S:
+        # one untimed call (allocations, kernel selection), then one to size the problem
+        call_s = time_callable(lambda: torch.matmul(a, b), warmup=1, iters=1, device=device)[0]
+        if call_s >= _MIN_CALL_S:
             break
-    samples = []
-    deadline = time.perf_counter() + _BUDGET_S
-    while len(samples) < 3 or time.perf_counter() < deadline:
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        synchronize(device)
-        samples.append(time.perf_counter() - start)
-    samples.sort()
-    return 2.0 * n**3 / samples[len(samples) // 2], n
+    iters = max(3, round(_BUDGET_S / max(call_s, 1e-6)))
+    samples = time_callable(lambda: torch.matmul(a, b), warmup=0, iters=iters, device=device)
+    return 2.0 * n**3 / statistics.median(samples), n
 
 
 def gemm_rate(precision: str, device: torch.device | str = "cpu", *, refresh: bool = False) -> float:
@@ -63,8 +56,11 @@ def gemm_rate(precision: str, device: torch.device | str = "cpu", *, refresh: bo
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
         cache = {}
-    if not refresh and key in cache:
-        return float(cache[key]["flops_per_s"])
+    if not isinstance(cache, dict):  # a foreign or damaged file is replaced, never trusted
+        cache = {}
+    entry = cache.get(key)
+    if not refresh and isinstance(entry, dict) and isinstance(entry.get("flops_per_s"), (int, float)):
+        return float(entry["flops_per_s"])
     rate, n = measure_gemm_rate(precision, device)
     cache[key] = {"flops_per_s": rate, "n": n, "utc_time": env["utc_time"]}
     try:

@@ -33,6 +33,8 @@ from stepscope.measure.profile import phase_region
 from stepscope.measure.step import StepConfig
 from stepscope.measure.tables import Table
 from stepscope.measure.training import TrainingStep
+from stepscope.results.store import RecordStore
+from stepscope.results.sweep import Sweep, SweepOutcome
 from stepscope.spec import bytes_per_element
 
 MiB = 2**20
@@ -252,22 +254,20 @@ def _title(config: MemoryConfig, device: str) -> str:
 def run_memory_sweep(configs: list[MemoryConfig], out_dir: str | Path | None, *, resume: bool = False,
                      plot_dir: str | Path | None = None, snapshot: str | Path | None = None,
                      on_record: Callable[[dict[str, Any], MemoryConfig, MemoryResult | None], None]
-                     = lambda record, config, result: None):
+                     = lambda record, config, result: None) -> SweepOutcome:
     """Measure every point. Table records (`memory-phase`, `memory-alloc`) first, then the summary record
     (`memory`, what --resume looks for); an OOM point becomes an `oom` row and the sweep goes on."""
     from stepscope.measure.device import is_out_of_memory, release_memory
     from stepscope.measure.environment import torch_environment
     from stepscope.measure.outputs import point_path, rank_path
     from stepscope.measure.tables import append_tables
-    from stepscope.results.store import RecordStore
-    from stepscope.results.sweep import Sweep
 
     device = resolve_device(configs[0].step.device)
     index_of = {id(config): i for i, config in enumerate(configs)}
     names = [plot_name(config) for config in configs]
 
-    def env() -> dict[str, Any]:
-        return torch_environment(device)
+    def env(config: MemoryConfig) -> dict[str, Any]:
+        return torch_environment(device, threads=config.step.threads)
 
     def config_of(config: MemoryConfig) -> dict[str, Any]:
         return {**config.record_config(), "method": memory_method(device.type)}
@@ -279,7 +279,7 @@ def run_memory_sweep(configs: list[MemoryConfig], out_dir: str | Path | None, *,
         snap = rank_path(point_path(snapshot, index, len(configs))) if snapshot is not None else None
         result = measure_memory(config, plot_path=plot, snapshot_path=snap)
         if out_dir is not None:
-            append_tables(out_dir, result.tables(), config_of(config), env())
+            append_tables(out_dir, result.tables(), config_of(config), env(config))
         return result.metrics(), result
 
     sweep = Sweep(kind="memory", points=configs, config_of=config_of, measure=measure, env_of=env,

@@ -12,14 +12,13 @@ PHASE_COLORS = {"init": "#9e9e9e", "forward": "#4c78a8", "backward": "#f58518", 
 def plot_timeline(trace: AllocationTrace, path: str | Path, *, title: str = "",
                   marker_s: float | None = None) -> Path:
     """Write the timeline of `trace` to `path` (PNG); `marker_s` draws a line where the measured step starts."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
+    # a bare Figure renders to files without pyplot: no window, and the caller's backend is left alone
+    from matplotlib.figure import Figure
 
     times, live = trace.timeline()
     mib = 2**20
-    fig, ax = plt.subplots(figsize=(10, 4.5), dpi=110)
+    fig = Figure(figsize=(10, 4.5), dpi=110)
+    ax = fig.subplots()
     shaded: set[str] = set()
     for name, start, end in trace.ranges:
         phase = name.removeprefix("stepscope.")
@@ -50,5 +49,4 @@ def plot_timeline(trace: AllocationTrace, path: str | Path, *, title: str = "",
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
-    plt.close(fig)
     return path

@@ -3,21 +3,27 @@
 - `accumulate`: add 0.01 a thousand times (exact answer 10) in fp32, fp16, bf16 and mixed
   accumulators: shows why accumulators stay in fp32.
 - `autocast_dtypes`: one forward and backward under autocast; for each module the dtype of its
-  parameters, outputs and gradients, and the loss dtype: shows what autocast really runs in low precision.
+  parameters, outputs and gradients, and the loss dtype: shows what autocast really runs in low precision
+  (`model_dtypes` runs it on the textbook toy model or on a TransformerLM).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from stepscope.errors import UsageError
 from stepscope.measure.device import autocast, dtype_of
+from stepscope.spec import ModelSpec
 
 
 def accumulate(steps: int = 1000, increment: float = 0.01) -> list[dict[str, Any]]:
     """Sum `increment` `steps` times with different accumulator / increment dtypes."""
+    if steps <= 0 or not math.isfinite(increment) or increment == 0:
+        raise UsageError(f"need steps > 0 and a finite, non-zero increment, got steps={steps} increment={increment}")
     exact = steps * increment
     cases = [
         ("fp32 += fp32", torch.float32, torch.float32, False),
@@ -62,8 +68,8 @@ def _dtype_name(value: Any) -> str | None:
     return None
 
 
-def autocast_dtypes(model: nn.Module, inputs: torch.Tensor, loss_fn, device: torch.device,
-                    precision: str) -> tuple[list[dict[str, Any]], str]:
+def autocast_dtypes(model: nn.Module, inputs: torch.Tensor, loss_fn: Callable[[Any], torch.Tensor],
+                    device: torch.device, precision: str) -> tuple[list[dict[str, Any]], str]:
     """Per module (in call order): parameter, output and gradient dtypes; plus the loss dtype."""
     dtype_of(precision)
     outputs: dict[str, str | None] = {}
@@ -95,3 +101,19 @@ def autocast_dtypes(model: nn.Module, inputs: torch.Tensor, loss_fn, device: tor
                      "output_dtype": outputs[name] or "-",
                      "grad_dtype": _dtype_name(grads[0]) if grads else "-"})
     return rows, str(loss.dtype).replace("torch.", "")
+
+
+def model_dtypes(spec: ModelSpec | None, device: torch.device, precision: str
+                 ) -> tuple[list[dict[str, Any]], str]:
+    """`autocast_dtypes` of the toy model (spec None) or of a `TransformerLM(spec)` on a tiny random batch."""
+    torch.manual_seed(0)
+    if spec is None:
+        model = ToyModel().to(device)
+        inputs = torch.randn(8, 16, device=device)
+        return autocast_dtypes(model, inputs, lambda out: out.float().pow(2).mean(), device, precision)
+    from stepscope.nn import TransformerLM, lm_loss
+
+    model = TransformerLM(spec).to(device)
+    data = torch.randint(0, spec.vocab_size, (2, min(17, spec.context_length + 1)), device=device)
+    inputs, targets = data[:, :-1], data[:, 1:]
+    return autocast_dtypes(model, inputs, lambda logits: lm_loss(logits, targets), device, precision)

@@ -31,6 +31,8 @@ from stepscope.measure.stats import Stats
 from stepscope.measure.step import StepConfig, time_phases
 from stepscope.measure.tables import Table
 from stepscope.measure.training import TrainingStep
+from stepscope.results.store import RecordStore
+from stepscope.results.sweep import Sweep, SweepOutcome
 
 TABLE_KINDS = ("profile-category", "profile-op", "profile-share", "profile-timer", "profile-attention")
 
@@ -183,27 +185,25 @@ def profile_step(config: ProfileConfig, trace_path: str | Path | None = None) ->
 def run_profile_sweep(configs: list[ProfileConfig], out_dir: str | Path | None, *, resume: bool = False,
                       trace: str | Path | None = None,
                       on_record: Callable[[dict[str, Any], ProfileConfig, ProfileResult | None], None]
-                      = lambda record, config, result: None):
+                      = lambda record, config, result: None) -> SweepOutcome:
     """Profile every point. Per point, the table records go to `<out>/profile-*.jsonl` first, then the
     summary record to `<out>/profile.jsonl` (what --resume looks for); OOM points become `oom` rows."""
     from stepscope.measure.device import is_out_of_memory, release_memory
     from stepscope.measure.environment import torch_environment
     from stepscope.measure.outputs import point_path, rank_path
     from stepscope.measure.tables import append_tables
-    from stepscope.results.store import RecordStore
-    from stepscope.results.sweep import Sweep
 
     device = resolve_device(configs[0].step.device)
     index_of = {id(config): i for i, config in enumerate(configs)}
 
-    def env() -> dict[str, Any]:
-        return torch_environment(device)
+    def env(config: ProfileConfig) -> dict[str, Any]:
+        return torch_environment(device, threads=config.step.threads)
 
     def measure(config: ProfileConfig) -> tuple[dict[str, Any], ProfileResult]:
         path = rank_path(point_path(trace, index_of[id(config)], len(configs))) if trace is not None else None
         result = profile_step(config, path)
         if out_dir is not None:
-            append_tables(out_dir, result.tables(), config.record_config(), env())
+            append_tables(out_dir, result.tables(), config.record_config(), env(config))
         return result.metrics(), result
 
     sweep = Sweep(kind="profile", points=configs, config_of=ProfileConfig.record_config, measure=measure,

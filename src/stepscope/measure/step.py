@@ -12,18 +12,29 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from stepscope.measure.device import check_precision, cpu_threads, resolve_device, synchronize
+from stepscope.errors import UsageError
+from stepscope.measure.attention_impls import unsupported_reason
+from stepscope.measure.device import (check_precision, cpu_threads, dtype_of, is_out_of_memory, release_memory,
+                                     resolve_device, synchronize)
+from stepscope.measure.environment import torch_environment
 from stepscope.measure.gemm import gemm_rate
 from stepscope.measure.peaks import peak_flops
 from stepscope.measure.stats import Stats
 from stepscope.measure.timer import PhaseClock
 from stepscope.measure.training import TrainingStep
 from stepscope.nn import get_attention
+from stepscope.results.store import RecordStore
+from stepscope.results.sweep import Sweep, SweepOutcome
 from stepscope.spec import ModelSpec, Workload
+
+
+PHASE_COLUMNS = ("phase", "median_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "p10_ms", "p90_ms", "tokens_per_s",
+                 "GFLOPps", "mfu_pct", "gemm_fraction")
+"""Columns of `StepResult.rows()`: mfu_pct only with a known GPU peak, gemm_fraction only on CPUs."""
 
 
 @dataclass(frozen=True)
@@ -53,10 +64,14 @@ class StepConfig:
         """Everything that can be checked before building anything (raises UsageError)."""
         self.workload.check_fits(self.model.context_length)
         get_attention(self.attention)
-        check_precision(resolve_device(self.device), self.workload.precision)
+        device = resolve_device(self.device)
+        check_precision(device, self.workload.precision)
+        # a backend that cannot run here (flash-triton without GPU or interpreter, bf16 under the
+        # interpreter, an unsupported head_dim) is refused now, not after other points were measured
+        reason = unsupported_reason(self.attention, device, dtype_of(self.workload.precision), self.model.head_dim)
+        if reason:
+            raise UsageError(reason)
         if self.warmup < 0 or self.iters <= 0:
-            from stepscope.errors import UsageError
-
             raise UsageError(f"need warmup >= 0 and iters > 0, got warmup={self.warmup} iters={self.iters}")
 
     def record_config(self) -> dict[str, Any]:
@@ -163,20 +178,19 @@ def benchmark_step(config: StepConfig) -> StepResult:
                       peak_flops_per_s=peak_flops(device, config.workload.precision))
 
 
-def run_step_sweep(configs: list[StepConfig], store=None, *, resume: bool = False,
-                   on_record=lambda record, config, result: None):
-    """Benchmark every config into `store` (a RecordStore or None); OOM points become `oom` rows."""
-    from stepscope.measure.device import is_out_of_memory, release_memory
-    from stepscope.measure.environment import torch_environment
-    from stepscope.results.sweep import Sweep
+def run_step_sweep(configs: list[StepConfig], store: RecordStore | None = None, *, resume: bool = False,
+                   on_record: Callable[[dict[str, Any], StepConfig, StepResult | None], None]
+                   = lambda record, config, result: None) -> SweepOutcome:
+    """Benchmark every config into `store` (None: records are only returned); OOM points become `oom` rows."""
+    device = resolve_device(configs[0].device)
 
     def measure(config: StepConfig) -> tuple[dict[str, Any], StepResult]:
         result = benchmark_step(config)
         return result.metrics(), result
 
-    def env() -> dict[str, Any]:
-        return torch_environment(resolve_device(configs[0].device))
+    def env(config: StepConfig) -> dict[str, Any]:
+        return torch_environment(device, threads=config.threads)
 
     sweep = Sweep(kind="step", points=configs, config_of=StepConfig.record_config, measure=measure, env_of=env,
-                  is_oom=is_out_of_memory, after_oom=lambda: release_memory(resolve_device(configs[0].device)))
+                  is_oom=is_out_of_memory, after_oom=lambda: release_memory(device))
     return sweep.run(store, resume=resume, on_record=on_record)

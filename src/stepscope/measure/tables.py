@@ -66,7 +66,9 @@ class TableEmitter:
             for table in tables:
                 self.printer.emit(table.rows, title=table.title)
             return
-        rows = [{"table": table.kind, **point, **row} for table in tables for row in table.rows]
+        self._emit_rows([{"table": table.kind, **point, **row} for table in tables for row in table.rows])
+
+    def _emit_rows(self, rows: list[dict[str, Any]]) -> None:
         if self.printer.fmt == "csv":
             self._csv_rows.extend(rows)
         else:
@@ -78,18 +80,18 @@ class TableEmitter:
 
         def show(record: dict[str, Any], config: Any, result: Any) -> None:
             point = point_fields(config.step)
-            if result is None:
-                self.printer.emit([{**point, "status": record["status"], "note": record.get("note")}])
+            if result is None:  # an oom row: in the CSV block too, which has one header for every row
+                self._emit_rows([{"table": record["kind"], **point, "status": record["status"],
+                                  "note": record.get("note")}])
             else:
                 self.emit(result.tables(), point, header(config, result))
 
         return show
 
     def finish(self) -> None:
-        if self._csv_rows:
-            from stepscope.results.views import columns_of
-
-            self.printer.emit(self._csv_rows, columns=columns_of(self._csv_rows))
+        """Print the CSV block (every row under one header: the union of the tables' columns)."""
+        self.printer.emit(self._csv_rows)
+        self._csv_rows = []
 
 
 def point_fields(step: Any) -> dict[str, Any]:

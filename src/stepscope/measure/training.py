@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from stepscope.measure.device import autocast
+from stepscope.measure.device import autocast, synchronize
 from stepscope.nn import TransformerLM, lm_loss
 from stepscope.spec import ModelSpec, Workload
 
@@ -28,8 +28,10 @@ class TrainingStep:
                  lr: float = 1e-4) -> None:
         self.spec, self.workload, self.device = spec, workload, torch.device(device)
         generator = torch.Generator().manual_seed(seed)
-        torch.manual_seed(seed)
-        model = TransformerLM(spec, attention=attention).to(self.device)
+        with torch.random.fork_rng(devices=[]):  # seeded weights; the caller's CPU RNG state is left as it was
+            torch.manual_seed(seed)
+            model = TransformerLM(spec, attention=attention)  # initialized on the CPU, then moved
+        model = model.to(self.device)
         self.model = model
         # torch.compile wraps the module; the first call compiles (see `compile_seconds`)
         self.forward_module: Callable[[torch.Tensor], torch.Tensor] = torch.compile(model) if compile else model
@@ -89,8 +91,6 @@ class TrainingStep:
 
     def compile_seconds(self) -> float:
         """Run the first step (which compiles) and return its wall time."""
-        from stepscope.measure.device import synchronize
-
         synchronize(self.device)
         start = time.perf_counter()
         self.prepare()

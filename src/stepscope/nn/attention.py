@@ -39,10 +39,12 @@ def register_lazy_attention(name: str, module: str) -> None:
 
 
 def attention_backends() -> list[str]:
+    """Every backend name, registered or loadable on first use."""
     return sorted(set(_BACKENDS) | set(_LAZY_BACKENDS))
 
 
 def get_attention(name: str) -> AttentionFn:
+    """The backend `name` (importing its module first if it is lazy); UsageError for an unknown name."""
     if name not in _BACKENDS and name in _LAZY_BACKENDS:
         import importlib
 

@@ -24,12 +24,13 @@ def git_sha() -> str | None:
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                              text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
+        if out.returncode != 0:
+            return None
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):  # no git, or a slow file system: the sha is optional
         return None
-    if out.returncode != 0:
-        return None
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=5).stdout.strip()
+    dirty = status.returncode != 0 or bool(status.stdout.strip())
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
@@ -53,10 +54,16 @@ def usable_cores() -> int:
 
 
 def command_line() -> str:
-    return shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else ""
+    """The command as typed, e.g. `stepscope step --model small` (also for `python -m stepscope`)."""
+    if not sys.argv or not sys.argv[0]:
+        return ""
+    program = Path(sys.argv[0])
+    name = program.parent.name if program.name == "__main__.py" else program.name
+    return shlex.join([name, *sys.argv[1:]])
 
 
 def base_environment() -> dict[str, Any]:
+    """The torch-free part of a record's `env`."""
     from stepscope import __version__
 
     return {

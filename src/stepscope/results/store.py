@@ -33,6 +33,7 @@ def point_key(kind: str, config: dict[str, Any]) -> str:
 
 def make_record(kind: str, config: dict[str, Any], metrics: dict[str, Any] | None = None, *,
                 status: str = "ok", env: dict[str, Any] | None = None, note: str | None = None) -> dict[str, Any]:
+    """A record (see the module docstring); `note` says why a point has no metrics (oom, mismatch, ...)."""
     if status not in STATUSES:
         raise ValueError(f"unknown status {status!r}")
     record: dict[str, Any] = {"schema": SCHEMA, "kind": kind, "status": status, "key": point_key(kind, config),
@@ -60,6 +61,7 @@ class RecordStore:
         return self
 
     def append(self, record: dict[str, Any]) -> None:
+        """Append one record as one whole line, durably (see the module docstring)."""
         line = json.dumps(record, default=_json_default, allow_nan=True) + "\n"
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -71,6 +73,7 @@ class RecordStore:
             os.close(fd)
 
     def records(self) -> list[dict[str, Any]]:
+        """Every readable record of the file ([] before the first append)."""
         return read_records(self.path) if self.path.exists() else []
 
     def done_keys(self) -> set[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
-from stepscope.results.store import RecordStore, make_record
+from stepscope.results.store import RecordStore, make_record, point_key
 
 P = TypeVar("P")
 
@@ -33,32 +33,35 @@ class Sweep(Generic[P]):
     """The point's full configuration, as stored in the record (and hashed for --resume)."""
     measure: Callable[[P], tuple[dict[str, Any], Any]]
     """Measure one point: (metrics, a result object handed to `on_record`)."""
-    env_of: Callable[[], dict[str, Any]]
+    env_of: Callable[[P], dict[str, Any]]
+    """The record's environment for a point (its thread count, not the sweep process's default)."""
     is_oom: Callable[[BaseException], bool] = lambda error: isinstance(error, MemoryError)
+    """Whether an exception of `measure` is an out-of-memory error (an `oom` row; anything else propagates)."""
     after_oom: Callable[[], None] = lambda: None
-    status_of: Callable[[dict[str, Any]], str] = lambda metrics: "ok"
-    """Status from the metrics (e.g. `mismatch` when a correctness check failed)."""
+    """Clean-up after an OOM (e.g. free cached device memory) before the next point."""
 
     def run(self, store: RecordStore | None, *, resume: bool = False,
             on_record: Callable[[dict[str, Any], P, Any], None] = lambda record, point, result: None) -> SweepOutcome:
+        """Measure every point not yet in `store` (with `resume`), appending each record as it is made;
+        `on_record(record, point, result)` follows every append (`result` None for an `oom` row)."""
         outcome = SweepOutcome()
         done = store.done_keys() if (store is not None and resume) else set()
         for point in self.points:
             config = self.config_of(point)
-            record = make_record(self.kind, config)
-            if record["key"] in done:
+            if point_key(self.kind, config) in done:
                 outcome.skipped += 1
                 continue
             result = None
             try:
                 metrics, result = self.measure(point)
-                record = make_record(self.kind, config, metrics, status=self.status_of(metrics), env=self.env_of())
+                record = make_record(self.kind, config, metrics, env=self.env_of(point))
             except Exception as error:  # noqa: BLE001 - only OOM is turned into a row; the rest re-raised
                 if not self.is_oom(error):
                     raise
                 self.after_oom()
                 first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-                record = make_record(self.kind, config, {}, status="oom", env=self.env_of(), note=first_line[:300])
+                record = make_record(self.kind, config, {}, status="oom", env=self.env_of(point),
+                                     note=first_line[:300])
             if store is not None:
                 store.append(record)
             outcome.records.append(record)

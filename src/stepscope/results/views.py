@@ -68,7 +68,8 @@ def render(rows: Sequence[dict[str, Any]], *, fmt: str = "table", columns: Seque
         lines = [f"**{title}**", ""] if title else []
         lines.append("| " + " | ".join(columns) + " |")
         lines.append("|" + "|".join("---:" if _numeric(rows, c) else "---" for c in columns) + "|")
-        lines.extend("| " + " | ".join(r) + " |" for r in cells)
+        # a `|` inside a cell (C++ kernel names, notes) would split it into two columns
+        lines.extend("| " + " | ".join(cell.replace("|", "\\|") for cell in r) + " |" for r in cells)
         return "\n".join(lines)
     return _rich_table(rows, columns, cells, title, width)
 

@@ -94,6 +94,7 @@ class ModelSpec:
     # ---- shapes -----------------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
+        """Width of one attention head: d_model / n_heads."""
         return self.d_model // self.n_heads
 
     @property
@@ -111,10 +112,12 @@ class ModelSpec:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field (the `model_spec` of a record)."""
         return dataclasses.asdict(self)
 
     # ---- parameter counts (exact, matching stepscope.nn.TransformerLM) -------------------------
     def norm_params(self) -> int:
+        """One normalization layer: weight (RMSNorm) or weight and bias (LayerNorm)."""
         return 2 * self.d_model if self.norm == "layer" else self.d_model
 
     def attention_params(self) -> int:
@@ -132,6 +135,7 @@ class ModelSpec:
         return 2 * d * f + ((f + d) if self.mlp_bias else 0)
 
     def block_params(self) -> int:
+        """One transformer block: two norms, attention, MLP."""
         return 2 * self.norm_params() + self.attention_params() + self.mlp_params()
 
     def embedding_params(self) -> int:
@@ -161,6 +165,7 @@ class ModelSpec:
         return flops / 2 if causal else flops
 
     def forward_flops_per_token(self, seq: int, causal: bool = True) -> float:
+        """Forward FLOPs per token: 2N + the attention term."""
         return 2.0 * self.matmul_params() + self.attention_flops_per_token(seq, causal)
 
     def flops_per_token(self, seq: int, causal: bool = True) -> float:
@@ -175,6 +180,7 @@ class ModelSpec:
         return self.param_count() * bytes_per_element(precision)
 
     def describe(self) -> str:
+        """One line: name, size and architecture."""
         kv = f", kv_heads {self.n_kv_heads}" if self.n_kv_heads != self.n_heads else ""
         return (
             f"{self.name}: {self.param_count() / 1e6:,.1f}M params, d_model {self.d_model}, "
@@ -189,4 +195,5 @@ def field_names() -> list[str]:
 
 
 def field_choices(name: str) -> tuple[str, ...] | None:
+    """The allowed values of a string field (norm, mlp, positions), None for free-valued fields."""
     return _CHOICES.get(name)

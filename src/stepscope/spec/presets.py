@@ -62,6 +62,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def list_presets() -> list[str]:
+    """Preset names in table order."""
     return list(PRESETS)
 
 
@@ -69,5 +70,5 @@ def get_preset(name: str, **overrides: Any) -> ModelSpec:
     """The preset `name` with optional field overrides, e.g. `get_preset("small", n_layers=2)`."""
     if name not in PRESETS:
         raise UsageError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}")
-    return ModelSpec(name=name, **PRESETS[name]).replace(**overrides) if overrides else ModelSpec(
-        name=name, **PRESETS[name])
+    spec = ModelSpec(name=name, **PRESETS[name])
+    return spec.replace(**overrides) if overrides else spec

@@ -50,6 +50,7 @@ class Workload:
 
     @property
     def tokens(self) -> int:
+        """Tokens per step: batch x seq."""
         return self.batch * self.seq
 
     @property
@@ -59,8 +60,10 @@ class Workload:
                 "train": ("forward", "backward", "optimizer")}[self.mode]
 
     def check_fits(self, context_length: int) -> None:
+        """UsageError when the sequence is longer than the model accepts."""
         if self.seq > context_length:
             raise UsageError(f"seq={self.seq} exceeds the model's context_length={context_length}")
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field (part of a record's config)."""
         return dataclasses.asdict(self)
