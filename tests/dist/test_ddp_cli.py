@@ -2,6 +2,7 @@
 
 import pytest
 
+from stepscope.results.environment import usable_cores
 from stepscope.results.store import read_records
 
 TINY = ["--model", "tiny", "--batch", "2", "--seq", "16", "--warmup", "0", "--iters", "2", "--comm-iters", "1"]
@@ -24,7 +25,7 @@ def test_benchmark_runs_records_every_variant_and_writes_the_plot(cli, tmp_path)
         assert metrics["optimizer_MiB_init"] == 0 and metrics["params_MiB_init"] > 0
         assert metrics["allreduce_alpha_ms"] > 0 and metrics["bstar_MiB"] > 0
         assert record["config"]["shard_optimizer"] is True and record["env"]["world_size"] == 2
-        assert 0 < metrics["step_cores_busy"] <= 2.5
+        assert 0 < metrics["step_cores_busy"] <= usable_cores() + 0.5  # CPU time / wall time of one rank
     by_label = {label: r["metrics"] for label, r in zip(labels, records)}
     assert by_label[("bucketed", None)]["n_buckets"] == 1 and by_label[("flat", None)]["n_buckets"] == 1
     assert by_label[("bucketed", 0.01)]["n_buckets"] > 1

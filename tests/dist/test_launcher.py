@@ -62,17 +62,33 @@ def test_a_dying_rank_is_reported():
     assert time.monotonic() - start < 30
 
 
+def unpicklable_result(ctx):
+    import threading
+
+    return threading.Lock()
+
+
+def test_a_result_that_cannot_be_sent_is_the_ranks_error():
+    with pytest.raises(DistributedError, match="rank 0 failed: TypeError: cannot pickle"):
+        launch(unpicklable_result, config=LaunchConfig(world_size=1, threads=1))
+
+
 def test_backend_choice_and_external_env(monkeypatch):
     assert resolve_backend("auto", 2) == "gloo"  # no GPU here
     with pytest.raises(UsageError, match="needs CUDA GPUs"):
         resolve_backend("nccl", 2)
     with pytest.raises(UsageError, match="unknown backend"):
         resolve_backend("mpi2", 2)
-    monkeypatch.delenv("RANK", raising=False)
+    for name in ("RANK", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):  # a test run inside a Slurm job
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.setenv("SLURM_NTASKS", "8")
     monkeypatch.setenv("SLURM_LOCALID", "1")
     assert external_launch_env() == {"rank": 3, "world_size": 8, "local_rank": 1, "local_world_size": 8}
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "4(x2)")  # srun's per-node layout: 4 ranks on each of 2 nodes
+    assert external_launch_env()["local_world_size"] == 4
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "3,2")  # heterogeneous nodes: no crash, the first count
+    assert external_launch_env()["local_world_size"] == 3
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "0")

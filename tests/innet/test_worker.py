@@ -58,7 +58,7 @@ def test_a_wrong_result_would_be_detected():
 
 
 def test_fastest_k_finishes_within_sto_when_a_rank_stalls_and_averages_the_real_count(switch):
-    world, numel, sto_ms, stall_s = 3, 500, 20.0, 1.5
+    world, numel, sto_ms, stall_s = 3, 500, 20.0, 2.5
     inputs = [np.full(numel, float(r + 1), np.float32) for r in range(world)]
 
     def rank(r):
@@ -77,12 +77,13 @@ def test_fastest_k_finishes_within_sto_when_a_rank_stalls_and_averages_the_real_
     results = run_ranks(world, rank)
     for r in (0, 1):
         result, seconds, summary = results[r]
-        # two rounds (prologue, data) each waiting one STO, plus a generous margin for a loaded machine
-        assert seconds < 2 * sto_ms / 1e3 + 0.5 < stall_s
+        # two rounds (prologue, data) each waiting one STO (40 ms), plus a margin for a loaded 2-core machine
+        # that still tells "did not wait for the straggler" apart from "waited"
+        assert seconds < stall_s / 2
         assert summary["min_contributors"] == 2 and summary["timed_out_blocks"] == 4
         assert np.allclose(result, 1.5, atol=1e-6)  # (1 + 2) / 2, not (1 + 2 + 0) / 3
     assert np.array_equal(results[2][0], results[0][0])  # the straggler receives the same average
-    assert results[2][1] < 0.5  # and catches up at once: the results were already there
+    assert results[2][1] < stall_s / 2  # and catches up at once: the results were already there
 
 
 def test_a_refused_port_fails_at_once():
@@ -114,6 +115,31 @@ def test_a_switch_that_dies_mid_job_fails_the_op_within_the_timeout():
         member.all_reduce(np.ones(1000, np.float32))
     assert time.monotonic() - start < 3
     member.close()
+
+
+def test_closing_a_job_fails_its_ops_in_flight_at_once(switch):
+    member = InnetJob(JobConfig(switch=address(switch), world=2, rank=0, timeout_s=30), log=lambda _: None)
+    member.join(wait_all=False)
+    pending = member.submit(np.ones(100, np.float32))  # rank 1 never comes: it cannot complete
+    member.close()
+    with pytest.raises(InnetError, match="closed before this all-reduce finished"):
+        pending.wait(timeout_s=5)  # fails now, not after the op's 30 s progress timeout
+
+
+def test_a_job_pausing_between_all_reduces_is_kept_alive(monkeypatch):
+    from stepscope.innet import worker_engine
+
+    monkeypatch.setattr(worker_engine, "KEEPALIVE_S", 0.1)
+    with Switch(SwitchConfig(idle_s=0.5)) as short_memory:  # forgets a job silent for 0.5 s
+
+        def rank(r):
+            with job(short_memory, r, 2, job_id=41, timeout_s=5) as member:
+                member.all_reduce(np.ones(10, np.int32), "sum")
+                time.sleep(1.6)  # a pause (evaluation, checkpoint) longer than idle_s + the 1 s idle scan
+                return member.all_reduce(np.ones(10, np.int32), "sum")
+
+        assert all((x == 2).all() for x in run_ranks(2, rank))
+        assert short_memory.counters["jobs_expired"] == 0
 
 
 def test_bad_requests_are_usage_errors(switch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -80,13 +81,16 @@ def _single(text: str, convert: Any, option: str) -> Any:
 def build_configs(args: argparse.Namespace) -> list[Any]:
     """Every benchmark point of the command line, validated (UsageError on any bad value)."""
     from stepscope.dist.ddp_bench import DDPBenchConfig
+    from stepscope.dist.launcher import external_launch_env
 
     specs = model_specs(args)
+    world = _single(args.world, positive_int, "--world")
+    external = external_launch_env()  # under torchrun/Slurm its world size is the real one (records, batch split)
     batches = parse_list(args.batch, positive_int, "--batch")
     seqs = parse_list(args.seq, positive_int, "--seq")
     threads = [None] if args.threads is None else parse_list(args.threads, positive_int, "--threads")
     common = dict(
-        world=_single(args.world, positive_int, "--world"),
+        world=external["world_size"] if external else world,
         precision=_single(args.precision, choice(*PRECISIONS), "--precision"),
         variants=tuple(dict.fromkeys(parse_list(args.variants, choice(*VARIANT_NAMES), "--variants"))),
         bucket_mb=tuple(dict.fromkeys(parse_list(args.bucket_mb, _cap, "--bucket-mb"))),
@@ -172,6 +176,11 @@ def run(args: argparse.Namespace) -> int:
     if plot_path is not None and results:
         printer.note(f"plot: {plot_path}")
     printer.note(f"records: {store.path}")
+    wrong = [v.label for result in results for v in result.variants if not v.ok]
+    if wrong:  # like `stepscope comm`: timings of a variant that computes wrong gradients are no success
+        print(f"stepscope: averaged gradients differ from the reference for {', '.join(wrong)} (see check)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

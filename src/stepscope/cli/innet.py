@@ -7,6 +7,7 @@ Parsing and printing only; each command validates everything, then calls one lib
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from stepscope.cli.options import (add_model_options, add_output_options, choice, non_negative_int, parse_list,
@@ -39,11 +40,25 @@ def _missing_subcommand(parser: argparse.ArgumentParser) -> int:
 
 
 def check_switch(args: argparse.Namespace) -> None:
-    """A named switch must answer before any work starts (a wrong address is bad input)."""
+    """A named switch must answer before any work starts (a wrong address is bad input). Under
+    torchrun/Slurm every rank runs the command: they must share one switch instead of starting their own."""
+    from stepscope.dist.launcher import external_launch_env
+
+    if not args.switch and external_launch_env() is not None:
+        raise UsageError("under torchrun or Slurm, start `stepscope innet switch` once and pass --switch HOST:PORT")
     if args.switch:
         from stepscope.innet.switch_process import probe
 
         probe(args.switch)
+
+
+def _world(args: argparse.Namespace) -> int:
+    """--world, or the world size torchrun/Slurm started (records must name the real one)."""
+    from stepscope.dist.launcher import external_launch_env
+
+    world = convert(args.world, positive_int, "--world")
+    external = external_launch_env()
+    return external["world_size"] if external else world
 
 
 # ---- switch ------------------------------------------------------------------------------------------------
@@ -58,6 +73,8 @@ def _register_switch(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--duration-s", default=None, help="stop after this many seconds (default: Ctrl-C)")
     parser.add_argument("--stats-interval-s", default=None, help="print totals this often")
     parser.add_argument("--no-records", action="store_true", help="do not append records (a helper switch)")
+    parser.add_argument("--stop-on-stdin-eof", action="store_true",
+                        help="stop when stdin closes (a helper switch ends with the process that started it)")
     add_output_options(parser, resume=False)
     parser.set_defaults(func=run_switch)
 
@@ -80,7 +97,7 @@ def run_switch(args: argparse.Namespace) -> int:
     interval = convert(args.stats_interval_s, positive_float, "--stats-interval-s") if args.stats_interval_s else None
     store = None if args.no_records else RecordStore(args.out, "innet-switch").check_writable()
     try:
-        run = serve(config, duration_s=duration, stats_interval_s=interval)
+        run = serve(config, duration_s=duration, stats_interval_s=interval, stop_on_stdin_eof=args.stop_on_stdin_eof)
     except OSError as error:
         raise UsageError(f"cannot listen on {args.host}:{port}: {error.strerror or error}") from None
     printer = Printer(args.format)
@@ -127,7 +144,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from stepscope.innet.bench import BenchConfig, run_bench as bench
     from stepscope.results.store import RecordStore
 
-    world = convert(args.world, positive_int, "--world")
+    world = _world(args)
     config = BenchConfig(world=world, sizes_bytes=tuple(parse_list(args.sizes, size_bytes, "--sizes")),
                          modes=tuple(parse_list(args.mode, choice("per-op", "batch"), "--mode")),
                          batch=convert(args.batch, positive_int, "--batch"),
@@ -141,14 +158,19 @@ def run_bench(args: argparse.Namespace) -> int:
     store = RecordStore(args.out, "innet-bench").check_writable()
     printer = Printer(args.format)
     rows = bench(config, str(args.out), spawn_switch=args.switch is None)
+    if rows is None:  # not rank 0 under torchrun/Slurm: rank 0 reports
+        return 0
     k = config.k or world
     title = (f"innet bench: world {world}, k {config.job.k} values/packet ({config.job.pipes}-pipe), "
              f"slots {config.job.slots}, {config.dtype} {config.op}, "
              f"{'no-straggle' if k >= world else f'straggle-{k}'}, STO {config.job.resolved_sto_ticks} ticks")
     printer.emit(rows, title=title, columns=[c for c in BENCH_COLUMNS if any(c in r for r in rows)])
     printer.note(f"records: {store.path}")
+    wrong = sum(row.get("wrong_elements", 0) for row in rows)
+    if wrong:  # like `stepscope comm`: a benchmark whose results are wrong does not succeed
+        print(f"stepscope: {wrong} element(s) of in-network results were wrong (see wrong_elements)", file=sys.stderr)
+        return 1
     return 0
-
 
 
 # ---- timeout-profile -----------------------------------------------------------------------------------------
@@ -174,7 +196,7 @@ def run_timeout_profile(args: argparse.Namespace) -> int:
     from stepscope.innet.timeout_profile import ProfileConfig, WORKLOADS, profile_table, run_profile, throughput_table
     from stepscope.results.store import RecordStore
 
-    world = convert(args.world, positive_int, "--world")
+    world = _world(args)
     config = ProfileConfig(world=world, k=optional_k(args.k),
                            sto_ms=tuple(parse_list(args.sto_ms, float, "--sto-ms")),
                            rto_ms=tuple(parse_list(args.rto_ms, positive_float, "--rto-ms")),
@@ -187,6 +209,8 @@ def run_timeout_profile(args: argparse.Namespace) -> int:
     store = RecordStore(args.out, "innet-timeout-profile").check_writable()
     printer = Printer(args.format)
     rows = run_profile(config, str(args.out), spawn_switch=args.switch is None)
+    if rows is None:  # not rank 0 under torchrun/Slurm: rank 0 reports
+        return 0
     if args.format != "table":
         printer.emit(rows)
     else:
@@ -291,8 +315,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         rows.append(row)
         store.append(make_record("innet-simulate", config.to_dict(), result, env=env))
     columns = [c for c in SIM_COLUMNS if c in rows[0]]
-    varying = [c for c in columns[:11] if len({str(r[c]) for r in rows}) > 1]
-    shown = varying + [c for c in columns[11:]] if len(rows) > 1 else columns
+    first_metric = columns.index("ok")  # settings before, results from here on
+    varying = [c for c in columns[:first_metric] if len({str(r[c]) for r in rows}) > 1]
+    shown = varying + columns[first_metric:] if len(rows) > 1 else columns
     printer.emit(rows, title=f"innet simulate: {len(rows)} point(s)", columns=shown)
     stos = {r["sto_ms"] for r in rows}
     if args.format == "table" and len(stos) > 1:
@@ -345,7 +370,7 @@ def run_train(args: argparse.Namespace) -> int:
     if len(specs) != 1:
         raise UsageError("innet train takes one model (no sweeps)")
     spec = specs[0] if args.override_n_layers is not None else specs[0].replace(n_layers=1)
-    world = convert(args.world, positive_int, "--world")
+    world = _world(args)
     ks = tuple(parse_list(args.k, positive_int, "-k")) if args.k else tuple(sorted({world, max(1, world - 1)},
                                                                                    reverse=True))
     straggler_text = args.straggler.replace("ranks=-1", f"ranks={world - 1}")
@@ -363,6 +388,8 @@ def run_train(args: argparse.Namespace) -> int:
     store = RecordStore(args.out, "innet-train").check_writable()
     printer = Printer(args.format)
     outcome = train(config, spawn_switch=args.switch is None, store_dir=str(args.out))
+    if outcome is None:  # not rank 0 under torchrun/Slurm: rank 0 reports
+        return 0
     printer.note(f"{spec.describe()} | world {world}, batch {config.batch} x seq {config.seq}, {config.ddp} DDP, "
                  f"buckets {outcome['buckets']} values")
     for lines in outcome["log"]:

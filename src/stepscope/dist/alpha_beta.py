@@ -28,7 +28,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from stepscope.dist.collectives import busbw_factor
+from stepscope.dist.collectives import OPS, busbw_factor
 from stepscope.results.store import make_record
 
 FIT_GROUP_FIELDS = ("backend", "op", "world_size", "dtype", "mode", "in_place")
@@ -117,7 +117,8 @@ def fit_records(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]]
             group["source"] = key[-1]
         label = " ".join(str(group[f]) for f in ("backend", "op", "dtype", "mode")) + \
             f" on {group['world_size']} ranks{' in-place' if group['in_place'] else ''}"
-        factor = busbw_factor(group["op"], int(group["world_size"])) if group["op"] in _KNOWN else 1.0
+        # an op stepscope does not know (an imported log of another nccl-tests program): algorithm bandwidth
+        factor = busbw_factor(group["op"], int(group["world_size"])) if group["op"] in OPS else 1.0
         sizes = [m["config"]["size_bytes"] for m in members]
         if not factor:
             notes.append(f"no α–β fit for {label}: a single rank moves nothing over the bus")
@@ -130,6 +131,3 @@ def fit_records(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]]
                   "size_max_bytes": max(sizes)}
         fits.append(make_record("comm", config, fit.metrics(), env=members[-1].get("env", {})))
     return fits, notes
-
-
-_KNOWN = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")

@@ -18,7 +18,6 @@ Returns plain Python data (seconds) for the parent to combine across ranks.
 from __future__ import annotations
 
 import gc
-import inspect
 import time
 from typing import Any, Callable
 
@@ -27,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from stepscope.dist.ddp import VARIANTS, DataParallel
+from stepscope.dist.ddp.torch_ddp import torch_ddp
 from stepscope.dist.ddp_memory import MiB, memory_split
 from stepscope.dist.launcher import RankContext
 from stepscope.dist.zero import ShardedOptimizer
@@ -52,12 +52,7 @@ def label_of(variant: str, cap_mb: float | None) -> str:
 def build_variant(variant: str, cap_mb: float | None, module: nn.Module, rule: str) -> nn.Module:
     if variant == "torch":
         total_mb = sum(p.numel() * p.element_size() for p in module.parameters()) / MiB
-        cap = total_mb + 1 if cap_mb is None else cap_mb
-        # no per-forward buffer broadcast: ours broadcast buffers once, at construction (favours torch, if
-        # anything); torch >= 2.13 names the option forward_sync_buffers and deprecates broadcast_buffers
-        options = inspect.signature(nn.parallel.DistributedDataParallel).parameters
-        once = {"forward_sync_buffers": False} if "forward_sync_buffers" in options else {"broadcast_buffers": False}
-        return nn.parallel.DistributedDataParallel(module, bucket_cap_mb=cap, **once)
+        return torch_ddp(module, total_mb + 1 if cap_mb is None else cap_mb)  # buffers broadcast once, as ours
     if variant == "bucketed":
         return VARIANTS[variant](module, cap_mb, rule=rule)
     return VARIANTS[variant](module)

@@ -17,7 +17,9 @@ from __future__ import annotations
 import datetime as dt
 import multiprocessing as mp
 import os
+import pickle
 import queue
+import re
 import signal
 import time
 import traceback
@@ -82,7 +84,11 @@ def external_launch_env() -> dict[str, int] | None:
                 "local_world_size": int(env.get("LOCAL_WORLD_SIZE", world))}
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and int(env["SLURM_NTASKS"]) > 1:
         world = int(env["SLURM_NTASKS"])
-        local_world = int(env.get("SLURM_NTASKS_PER_NODE", "0").split("(")[0] or 0) or world
+        # "4", or per node groups such as "2(x3),1" (srun always sets SLURM_TASKS_PER_NODE): this node's
+        # count is not said; the first group's is a fair guess
+        per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "")
+        match = re.match(r"\d+", per_node)
+        local_world = int(match.group()) if match and int(match.group()) > 0 else world
         return {"rank": int(env["SLURM_PROCID"]), "world_size": world,
                 "local_rank": int(env.get("SLURM_LOCALID", 0)), "local_world_size": local_world}
     return None
@@ -139,7 +145,8 @@ def _init_rank(layout: dict[str, int], config: LaunchConfig, backend: str, store
 
 def _spawned_rank(rank: int, world_size: int, port: int, config: LaunchConfig, backend: str,
                   fn: Callable[..., Any], args: tuple, results: Any) -> None:
-    """Entry point of a locally spawned rank: report ("ok", rank, value) or ("error", rank, time, message, tb)."""
+    """Entry point of a locally spawned rank: report ("ok", rank, pickled value) or ("error", rank, time,
+    message, traceback tail)."""
     import torch.distributed as dist
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it tears us down
@@ -151,7 +158,9 @@ def _spawned_rank(rank: int, world_size: int, port: int, config: LaunchConfig, b
                           LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=config.master_addr, MASTER_PORT=str(port))
         ctx = _init_rank(layout, config, backend, store)
         value = fn(ctx, *args)
-        results.put(("ok", rank, value))
+        # pickled here, not in the queue's feeder thread: a value that cannot be sent is this rank's error,
+        # not a silent exit the parent could only report as "died (exit code 0)"
+        results.put(("ok", rank, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)))
     except BaseException as error:  # noqa: BLE001 - every failure must reach the parent
         lines = traceback.format_exception(type(error), error, error.__traceback__)
         message = (traceback.format_exception_only(type(error), error)[-1]).strip()
@@ -255,7 +264,7 @@ def _drain(results: Any, values: dict[int, Any], errors: dict[int, tuple[float, 
             return
         timeout = 0.0
         if message[0] == "ok":
-            values[message[1]] = message[2]
+            values[message[1]] = pickle.loads(message[2])
         else:
             errors.setdefault(message[1], (message[2], message[3], message[4]))
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from stepscope.errors import UsageError
 from stepscope.innet.reference import CheckResult, check_result, reference_input
-from stepscope.innet.worker import InnetJob, JobConfig, new_job_id
+from stepscope.innet.worker import InnetJob, JobConfig, shared_job_id
 
 MODES = ("per-op", "batch")
 COUNTER_COLUMNS = ("ok", "to", "kr", "re", "dup", "old", "bad")
@@ -83,7 +83,7 @@ class BenchConfig:
         return out
 
 
-def bench_rank(ctx: Any, config: BenchConfig, job_id: int, store_dir: str | None) -> list[dict[str, Any]]:
+def bench_rank(ctx: Any, config: BenchConfig, store_dir: str | None) -> list[dict[str, Any]]:
     """One rank of the benchmark (runs under the launcher); rank 0 returns the rows."""
     import torch
     import torch.distributed as dist
@@ -91,7 +91,9 @@ def bench_rank(ctx: Any, config: BenchConfig, job_id: int, store_dir: str | None
     from stepscope.measure.environment import torch_environment
     from stepscope.results.store import RecordStore, make_record
 
-    job = InnetJob(replace(config.job, rank=ctx.rank, world=ctx.world_size, job_id=job_id), log=lambda _: None)
+    # the job id is drawn on rank 0 and shared: under torchrun every rank runs `run_bench` itself
+    job = InnetJob(replace(config.job, rank=ctx.rank, world=ctx.world_size, job_id=shared_job_id()),
+                   log=lambda _: None)
     job.join()
     straggler = config.job.faults.straggler
     rng = random.Random(config.seed * 7919 + ctx.rank)
@@ -110,6 +112,7 @@ def bench_rank(ctx: Any, config: BenchConfig, job_id: int, store_dir: str | None
                 tensors = [torch.from_numpy(np.empty_like(mine)) for _ in range(ops)]
                 check = CheckResult()
                 stats_before = job.stats() if ctx.rank == 0 else {}
+                worker_before = job.counters
                 innet_times, gloo_times = [], []
                 for it in range(config.warmup + config.iters):
                     delay = straggler.delay_for(ctx.rank, step, rng) if straggler else 0.0
@@ -133,8 +136,9 @@ def bench_rank(ctx: Any, config: BenchConfig, job_id: int, store_dir: str | None
                             if it >= config.warmup:
                                 gloo_times.append(seconds)
                 stats_after = job.stats() if ctx.rank == 0 else {}
+                worker = {name: value - worker_before.get(name, 0) for name, value in job.counters.items()}
                 gathered: list[Any] = [None] * ctx.world_size
-                dist.all_gather_object(gathered, (innet_times, gloo_times, asdict(check), job.counters))
+                dist.all_gather_object(gathered, (innet_times, gloo_times, asdict(check), worker))
                 if ctx.rank == 0:
                     row = _row(config, size, mode, ops, gathered, stats_before, stats_after)
                     rows.append(row)
@@ -200,19 +204,21 @@ def _row(config: BenchConfig, size: int, mode: str, ops: int, gathered: list[Any
         checks.add(CheckResult(**g[2]))
     row["checked_elements"], row["wrong_elements"] = checks.checked, checks.wrong
     row["unchecked_elements"] = checks.unchecked
-    row["worker_retransmissions"] = sum(g[3].get("retransmitted", 0) for g in gathered)
+    row["worker_retransmissions"] = sum(g[3].get("retransmitted", 0) for g in gathered)  # this cell's, all ranks
     return row
 
 
-def run_bench(config: BenchConfig, store_dir: str | None = None, spawn_switch: bool = True) -> list[dict[str, Any]]:
+def run_bench(config: BenchConfig, store_dir: str | None = None,
+              spawn_switch: bool = True) -> list[dict[str, Any]] | None:
     """Run the benchmark on `config.world` launched ranks against a switch process started for the run
-    (or, with `spawn_switch=False`, the running switch at `config.job.switch`); rank 0's rows."""
+    (or, with `spawn_switch=False`, the running switch at `config.job.switch`); rank 0's rows (None on the
+    other ranks under torchrun/Slurm)."""
     from stepscope.dist.launcher import LaunchConfig, launch
     from stepscope.innet.switch_process import switch_for
 
     config.validate()
     with switch_for(None if spawn_switch else config.job.switch, store_dir) as address:
         run = replace(config, job=replace(config.job, switch=address))
-        results = launch(bench_rank, run, new_job_id(), store_dir,
+        results = launch(bench_rank, run, store_dir,
                          config=LaunchConfig(world_size=config.world, threads=1, timeout_s=120))
-    return results[0] if results else []
+    return None if results is None else results[0]

@@ -35,14 +35,13 @@ def positive_float(text: str) -> float:
 
 
 def size_bytes(text: str) -> int:
-    """'4096', '64K', '1M', '1.5MiB' -> bytes."""
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    factor = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    number = text[:-1] if factor > 1 else text
-    value = float(number) * factor
-    if value <= 0 or value != int(value):
+    """'4096', '64K', '1M', '1.5MiB' -> bytes (K, M, G are powers of 1024, as in `stepscope comm --sizes`)."""
+    from stepscope.dist.sizes import parse_size
+
+    value = parse_size(text)
+    if value <= 0:
         raise ValueError(text)
-    return int(value)
+    return value
 
 
 def convert(text: Any, function: Callable[[Any], Any], option: str) -> Any:

@@ -180,7 +180,8 @@ class Switch:
                 if job.leave(h.rank, address):
                     self._finish(h.job, "jobs_finished")
             return []
-        if h.type == p.STATS:
+        if h.type == p.STATS:  # also the workers' keep-alive: a job between all-reduces is not idle
+            job.last_active = now
             reply = p.pack(p.STATS_REPLY, h.job, h.op, 0, 0, p.SWITCH_RANK, job.world, 0,
                            values=p.stats_payload(job.counters))
             return [(reply, [address])]
@@ -243,5 +244,6 @@ class Switch:
         return out
 
     def memory_bytes(self) -> int:
-        """Upper bound of the memory the live jobs hold."""
-        return sum(SwitchJob.memory_bytes(job.world, job.params) for job in self.jobs.values())
+        """Upper bound of the memory the live jobs hold (safe to call from another thread)."""
+        with self.lock:
+            return sum(SwitchJob.memory_bytes(job.world, job.params) for job in self.jobs.values())

@@ -2,13 +2,16 @@
 `SwitchProcess` starts that command as a child on a port the OS picks (bench, train, tests).
 
 The child prints `innet switch listening on HOST:PORT` first; the parent reads that line (with a
-timeout), so no port is ever guessed. Stopping sends SIGTERM; the child prints its per-job counters and
-exits; a child that does not exit within `stop_timeout_s` is killed.
+timeout), so no port is ever guessed, and keeps reading the child's output on a thread (a full pipe would
+block the switch). Stopping sends SIGTERM; the child prints its per-job counters and exits; a child that
+does not exit within `stop_timeout_s` is killed. The child also stops when its stdin closes, i.e. when the
+parent is gone however it died, so a killed benchmark never leaves a switch behind.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import select
 import signal
 import socket
@@ -18,7 +21,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from stepscope.innet.switch import Switch, SwitchConfig
 
@@ -36,8 +39,9 @@ class SwitchRun:
 
 
 def run_switch(config: SwitchConfig, *, duration_s: float | None = None, stats_interval_s: float | None = None,
-               say: Callable[[str], None] | None = None) -> SwitchRun:
-    """Serve until SIGINT/SIGTERM (or `duration_s`); returns the counters."""
+               say: Callable[[str], None] | None = None, stop_on_stdin_eof: bool = False) -> SwitchRun:
+    """Serve until SIGINT/SIGTERM (or `duration_s`, or the end of stdin when `stop_on_stdin_eof`);
+    returns the counters."""
     say = say or (lambda line: print(line, flush=True))
     switch = Switch(config)
     stop = threading.Event()
@@ -56,6 +60,8 @@ def run_switch(config: SwitchConfig, *, duration_s: float | None = None, stats_i
         timers.append(threading.Timer(duration_s, stop.set))
     if stats_interval_s:
         timers.append(threading.Thread(target=_report_every, args=(switch, stats_interval_s, stop, say)))
+    if stop_on_stdin_eof:
+        timers.append(threading.Thread(target=_stop_at_eof, args=(stop,)))
     for timer in timers:
         timer.daemon = True
         timer.start()
@@ -75,6 +81,16 @@ def _report_every(switch: Switch, interval_s: float, stop: threading.Event, say:
         say(f"innet switch: {len(switch.jobs)} job(s), rx {totals['rx']}, tx {totals['tx']}, bad {totals['bad']}")
 
 
+def _stop_at_eof(stop: threading.Event) -> None:
+    """Stop once stdin reaches its end: the parent that holds the pipe's other end has exited."""
+    try:
+        while sys.stdin.buffer.read(4096):
+            pass
+    except (OSError, ValueError):
+        pass
+    stop.set()
+
+
 class SwitchProcess:
     """`stepscope innet switch` as a child process; use as a context manager."""
 
@@ -86,28 +102,44 @@ class SwitchProcess:
         self.start_timeout_s, self.stop_timeout_s = start_timeout_s, stop_timeout_s
         self.process: subprocess.Popen | None = None
         self.address = ""
-        self.output = ""
+        self._lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._reader: threading.Thread | None = None
+        self._output: list[str] = []
+
+    @property
+    def output(self) -> str:
+        """What the child printed besides its ready line (so far)."""
+        return "".join(self._output)
 
     def start(self) -> "SwitchProcess":
         command = [sys.executable, "-m", "stepscope", "innet", "switch", "--host", self.host, "--port", "0",
-                   *self.extra_args]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                   "--stop-on-stdin-eof", *self.extra_args]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True,
                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._reader = threading.Thread(target=self._read, args=(self.process.stdout,), name="innet-switch-output",
+                                        daemon=True)
+        self._reader.start()
         deadline = time.monotonic() + self.start_timeout_s
-        assert self.process.stdout is not None
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.process.stdout], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=remaining)
+            except queue.Empty:
                 break
-            line = self.process.stdout.readline()
-            if not line:  # the child exited
+            if line is None:  # the child exited
                 break
             if line.startswith(READY_PREFIX):
                 self.address = line[len(READY_PREFIX):].strip()
                 return self
-            self.output += line
+            self._output.append(line)
         self.stop()
         raise RuntimeError(f"the innet switch process did not start: {self.output.strip() or 'no output'}")
+
+    def _read(self, stream: Any) -> None:
+        """Queue the child's lines until it closes its output (None marks the end)."""
+        for line in stream:
+            self._lines.put(line)
+        self._lines.put(None)
 
     def stop(self) -> str:
         """Stop the child (SIGTERM, then SIGKILL) and return what it printed after starting."""
@@ -117,11 +149,22 @@ class SwitchProcess:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
         try:
-            out, _ = process.communicate(timeout=self.stop_timeout_s)
+            process.wait(timeout=self.stop_timeout_s)
         except subprocess.TimeoutExpired:
             process.kill()
-            out, _ = process.communicate(timeout=5)
-        self.output += out or ""
+            process.wait(timeout=5)
+        if self._reader is not None:
+            self._reader.join(5.0)  # the child is gone: its output ends
+        while True:
+            try:
+                line = self._lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is not None:
+                self._output.append(line)
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                stream.close()
         return self.output
 
     def __enter__(self) -> "SwitchProcess":

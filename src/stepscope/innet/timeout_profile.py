@@ -19,7 +19,7 @@ import numpy as np
 from stepscope.errors import UsageError
 from stepscope.innet.protocol import sto_ticks_from_ms
 from stepscope.innet.reference import reference_input
-from stepscope.innet.worker import InnetJob, JobConfig, new_job_id
+from stepscope.innet.worker import InnetJob, JobConfig, shared_job_id
 
 WORKLOADS = ("one", "waited", "batch")
 WORKLOAD_TITLES = {"one": "1 op", "waited": "{ops} ops waited", "batch": "{ops} ops batch"}
@@ -95,9 +95,7 @@ def profile_rank(ctx: Any, config: ProfileConfig, store_dir: str | None) -> list
     env = torch_environment("cpu", ctx.world_size) if ctx.rank == 0 else {}
     rows = []
     for sto, rto, workload in config.cells():
-        box = [new_job_id() if ctx.rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        job_config = replace(config.job, rank=ctx.rank, world=ctx.world_size, job_id=box[0], sto_ms=sto,
+        job_config = replace(config.job, rank=ctx.rank, world=ctx.world_size, job_id=shared_job_id(), sto_ms=sto,
                              sto_ticks=None, rto_ms=rto, rto_max_ms=max(rto, config.job.rto_max_ms))
         with InnetJob(job_config, log=lambda _: None) as job:
             count = 1 if workload == "one" else config.ops
@@ -131,7 +129,9 @@ def profile_rank(ctx: Any, config: ProfileConfig, store_dir: str | None) -> list
     return rows
 
 
-def run_profile(config: ProfileConfig, store_dir: str | None = None, spawn_switch: bool = True) -> list[dict]:
+def run_profile(config: ProfileConfig, store_dir: str | None = None, spawn_switch: bool = True) -> list[dict] | None:
+    """Run the sweep on `config.world` launched ranks against a switch process started for the run (or the
+    running switch at `config.job.switch`); rank 0's rows (None on the other ranks under torchrun/Slurm)."""
     from stepscope.dist.launcher import LaunchConfig, launch
     from stepscope.innet.switch_process import switch_for
 
@@ -140,7 +140,7 @@ def run_profile(config: ProfileConfig, store_dir: str | None = None, spawn_switc
         run = replace(config, job=replace(config.job, switch=address))
         results = launch(profile_rank, run, store_dir,
                          config=LaunchConfig(world_size=config.world, threads=1, timeout_s=300))
-    return results[0] if results else []
+    return None if results is None else results[0]
 
 
 def profile_table(rows: Iterable[dict[str, Any]], ops: int, key: str = "rto_ms") -> list[dict[str, Any]]:

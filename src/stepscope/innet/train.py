@@ -20,7 +20,7 @@ import numpy as np
 
 from stepscope.errors import UsageError
 from stepscope.innet.faults import StragglerSpec
-from stepscope.innet.worker import InnetJob, JobConfig, new_job_id
+from stepscope.innet.worker import InnetJob, JobConfig, shared_job_id
 from stepscope.spec import ModelSpec
 
 DDP_KINDS = ("torch", "bucketed")
@@ -79,7 +79,7 @@ class TrainConfig:
         return out + [("innet", k, s) for k in self.ks for s in (False, True)]
 
 
-def train_rank(ctx: Any, config: TrainConfig, job_id: int) -> dict[str, Any]:
+def train_rank(ctx: Any, config: TrainConfig) -> dict[str, Any]:
     """One rank: every scenario's step times, the bucket log lines (rank 0) and a parameter hash."""
     import torch
     import torch.distributed as dist
@@ -91,6 +91,7 @@ def train_rank(ctx: Any, config: TrainConfig, job_id: int) -> dict[str, Any]:
     data = torch.randint(0, config.model.vocab_size, (config.batch, config.seq + 1), generator=generator)
     tokens, targets = data[:, :-1], data[:, 1:]
     rng = random.Random(config.seed * 7919 + ctx.rank)
+    job_id = shared_job_id()  # drawn on rank 0: under torchrun every rank runs `run_train` itself
     out: dict[str, Any] = {"rank": ctx.rank, "scenarios": [], "log": [], "hash": {}, "buckets": []}
     for backend in ("gloo", "innet"):
         scenarios = [s for s in config.scenarios() if s[0] == backend]
@@ -152,10 +153,9 @@ def _wrap(model: Any, config: TrainConfig) -> Any:
         from stepscope.dist.ddp import DDPBucketed
 
         return DDPBucketed(model, bucket_size_mb=config.bucket_mb, rule="torch")
-    from torch.nn.parallel import DistributedDataParallel
+    from stepscope.dist.ddp.torch_ddp import torch_ddp
 
-    # no buffer sync in forward: a per-step broadcast would make fast ranks wait for the straggler
-    return DistributedDataParallel(model, bucket_cap_mb=config.bucket_mb, forward_sync_buffers=False)
+    return torch_ddp(model, config.bucket_mb)  # no buffer sync in forward: fast ranks never wait for the straggler
 
 
 def _parameter_hash(model: Any) -> str:
@@ -187,8 +187,9 @@ def summarize(config: TrainConfig, results: list[dict[str, Any]]) -> list[dict[s
     return rows
 
 
-def run_train(config: TrainConfig, spawn_switch: bool = True, store_dir: str | None = None) -> dict[str, Any]:
-    """Start a switch process (unless `config.job.switch` is used), launch the ranks, summarize."""
+def run_train(config: TrainConfig, spawn_switch: bool = True, store_dir: str | None = None) -> dict[str, Any] | None:
+    """Start a switch process (unless `config.job.switch` is used), launch the ranks, summarize (None on
+    the ranks other than 0 under torchrun/Slurm)."""
     from stepscope.dist.launcher import LaunchConfig, launch
     from stepscope.innet.switch_process import switch_for
 
@@ -200,8 +201,10 @@ def run_train(config: TrainConfig, spawn_switch: bool = True, store_dir: str | N
                   stash_limit_bytes=max(config.job.stash_limit_bytes, 3 * 4 * config.model.param_count()))
     with switch_for(None if spawn_switch else config.job.switch, store_dir) as address:
         run = replace(config, job=replace(job, switch=address))
-        results = launch(train_rank, run, new_job_id(),
+        results = launch(train_rank, run,
                          config=LaunchConfig(world_size=config.world, threads=1, timeout_s=300))
+    if results is None:
+        return None
     hashes = {backend: {r["hash"].get(backend) for r in results} for backend in ("gloo", "innet")}
     return {"rows": summarize(config, results), "log": results[0]["log"], "buckets": results[0]["buckets"],
             "replicas_identical": {b: len(h) == 1 for b, h in hashes.items() if None not in h},

@@ -121,7 +121,17 @@ class JobConfig:
 
 
 def new_job_id() -> int:
+    """A random job id (jobs of one switch must not collide)."""
     return random.SystemRandom().randrange(1, 2**31)
+
+
+def shared_job_id() -> int:
+    """One new job id for every rank of the initialized torch.distributed group (rank 0 draws it)."""
+    import torch.distributed as dist
+
+    box = [new_job_id() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 class Pending:
@@ -356,9 +366,7 @@ def init(switch: str, rank: int | None = None, world: int | None = None, job_id:
         rank = dist.get_rank() if rank is None else rank
         world = dist.get_world_size() if world is None else world
         if job_id is None:
-            box = [new_job_id() if dist.get_rank() == 0 else None]
-            dist.broadcast_object_list(box, src=0)
-            job_id = box[0]
+            job_id = shared_job_id()
     shutdown()
     _default = InnetJob(JobConfig(switch=switch, rank=rank, world=world, job_id=job_id, **options)).join()
     return _default

@@ -23,6 +23,9 @@ from stepscope.innet.worker_op import Op
 from stepscope.innet.worker_stream import InnetError, Stream, WorkerCounters
 
 RECV_BUFFER_BYTES = 4 << 20
+KEEPALIVE_S = 30.0
+"""A worker silent this long sends a counters request, so the switch (idle_s 300 s by default) does not
+forget a job that pauses between all-reduces (evaluation, checkpointing)."""
 
 
 @dataclass
@@ -75,8 +78,8 @@ class Engine:
         self.stats_reply: dict[str, int] | None = None
         self.stats_event = threading.Event()
         self.waiting_for: list[int] = []
-        self.last_heard = self.last_progress = time.monotonic()
-        self.fatal: BaseException | None = None
+        self.last_heard = self.last_progress = self.last_sent = time.monotonic()
+        self.fatal: InnetError | None = None
         self._closing = False
         self._senders: list[threading.Thread] = []
         self._send_queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -93,6 +96,8 @@ class Engine:
             raise InnetError(str(self.fatal))
         self.inbox.put(("op", op))
         self._wake()
+        if self.fatal is not None:  # the I/O thread stopped meanwhile and may have drained the inbox already
+            op.finish(InnetError(str(self.fatal)))
 
     def request_stats(self, timeout_s: float = 2.0) -> dict[str, int]:
         self.stats_event.clear()
@@ -140,17 +145,25 @@ class Engine:
                     self.faults.flush(now)
                 self._retransmit(now)
                 self._watchdog(now)
+                if now - self.last_sent > KEEPALIVE_S:
+                    self._raw_send(p.pack(p.STATS, self.cfg.job_id, 0, 0, 0, self.cfg.rank, self.cfg.world, 0))
         except BaseException as error:  # noqa: BLE001 - every failure must reach the waiting callers
             self.fatal = error if isinstance(error, InnetError) else InnetError(f"innet worker failed: {error!r}")
-            for op in list(self.stream.ops.values()):
-                op.finish(self.fatal)
-            while True:
-                try:
-                    kind, item = self.inbox.get_nowait()
-                except queue.Empty:
-                    break
-                if kind == "op":
-                    item.finish(self.fatal)
+        else:  # closed: an op still in flight can never finish, so its waiter must not sit out its timeout
+            self.fatal = InnetError("the innet job was closed before this all-reduce finished")
+        self._fail_pending(self.fatal)
+
+    def _fail_pending(self, error: InnetError) -> None:
+        """Finish every admitted or queued op with `error` (the engine stops serving them)."""
+        for op in list(self.stream.ops.values()):
+            op.finish(error)
+        while True:
+            try:
+                kind, item = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "op":
+                item.finish(error)
 
     def _wait_time(self) -> float:
         now = time.monotonic()
@@ -216,6 +229,7 @@ class Engine:
             self.faults.send(packet)
 
     def _raw_send(self, packet: bytes) -> None:
+        self.last_sent = time.monotonic()
         try:
             self.sock.send(packet)
         except BlockingIOError:

@@ -49,6 +49,7 @@ class Op:
         self.error: BaseException | None = None
         self.event = threading.Event()
         self.callbacks: list[Callable[["Op"], Any]] = []
+        self._finish_lock = threading.Lock()  # the I/O thread, a sender thread or the caller may finish it
 
     # ---- mapping ---------------------------------------------------------------------------------
     def is_prologue(self, q: int) -> bool:
@@ -116,11 +117,13 @@ class Op:
 
     # ---- completion ------------------------------------------------------------------------------
     def finish(self, error: BaseException | None = None) -> None:
-        if self.event.is_set():
-            return
-        self.error = error
-        self.finished = time.perf_counter()
-        self.event.set()
+        """Complete the op (once: later calls are ignored) and run its callbacks."""
+        with self._finish_lock:
+            if self.event.is_set():
+                return
+            self.error = error
+            self.finished = time.perf_counter()
+            self.event.set()
         for callback in self.callbacks:
             callback(self)
 
