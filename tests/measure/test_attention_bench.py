@@ -56,8 +56,23 @@ def test_a_wrong_implementation_gets_a_mismatch_row_and_no_timing(monkeypatch):
     outcome = run_attention_sweep(AttentionBenchConfig(**{**TINY, "seq": (48,)}))
     assert statuses(outcome) == [(48, "naive", "ok"), (48, "sdpa", "ok"), (48, "flash-torch", "mismatch")]
     wrong = outcome.records[-1]
-    assert wrong["note"].endswith("> tolerance 0.0001 for fp32")
+    assert wrong["note"].endswith("> tolerance 0.0001 (fp32)")
     assert "fwd_ms_median" not in wrong["metrics"] and wrong["metrics"]["err_out"] > 1e-3
+
+
+def test_own_kernels_in_low_precision_must_stay_within_twice_pytorchs_error(monkeypatch):
+    """An error of 0.3% passes the fixed fp16 sanity gate (1%) but not 2x SDPA's own fp16 error."""
+    def slightly_off(name):
+        fn = attention_impl(name)
+        return (lambda q, k, v, causal: fn(q, k, v, causal) * 1.003) if name == "flash-torch" else fn
+
+    monkeypatch.setattr(bench, "attention_impl", slightly_off)
+    outcome = run_attention_sweep(AttentionBenchConfig(**{**TINY, "seq": (48,), "dtype": ("fp16",)}))
+    assert statuses(outcome) == [(48, "naive", "ok"), (48, "sdpa", "ok"), (48, "flash-torch", "mismatch")]
+    assert "2x PyTorch's own error" in outcome.records[-1]["note"]
+    monkeypatch.undo()
+    outcome = run_attention_sweep(AttentionBenchConfig(**{**TINY, "seq": (48,), "dtype": ("fp16",)}))
+    assert [r["status"] for r in outcome.records] == ["ok", "ok", "ok"]  # the real kernel passes the rule
 
 
 def test_out_of_memory_and_errors_become_rows_and_the_sweep_goes_on(monkeypatch):
