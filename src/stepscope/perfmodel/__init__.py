@@ -1,1 +1,15 @@
-"""stepscope.perfmodel"""
+"""stepscope.perfmodel: an analytical model of transformer training steps (numpy only, never torch).
+
+- `ops`: per-op FLOPs, bytes, saved activations, parameters and collectives of one micro-batch;
+- `collectives`, `timing`, `memory`: α–β collectives on two network tiers, roofline op times, pipeline
+  bubble and overlap rules, memory by ZeRO stage and recompute mode;
+- `evaluate`: one plan, op by op (the reference), and `layers`: its per-layer table;
+- `candidates`, `vectorized_terms`, `vectorized`: many plans at once with numpy (tested against `evaluate`);
+- `search`: enumerate and rank every valid plan;
+- `records`, `nnls`, `calibrate`, `compare`, `validate`: read stepscope's measured records, fit a system to
+  them, put predictions next to measurements, check against published runs.
+"""
+
+from stepscope.perfmodel.evaluate import Prediction, evaluate
+
+__all__ = ["Prediction", "evaluate"]

@@ -1,0 +1,142 @@
+"""Many parallel plans as parallel numpy arrays (one element per plan), and their group placement.
+
+Placement is an index into `PLACEMENTS`, the 24 orders of (tp, cp, dp, pp) on rank numbers (innermost
+first). A group's stride is the product of the sizes nested inside it; with the system's domain size it
+gives how many members of each group share a fast domain (the same rule as
+`collectives.members_per_domain`, element-wise).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, fields
+from typing import Sequence
+
+import numpy as np
+
+from stepscope.spec.plan import DIMENSIONS, RECOMPUTE, ParallelPlan
+
+PLACEMENTS: tuple[tuple[str, ...], ...] = tuple(itertools.permutations(DIMENSIONS))
+_PLACEMENT_INDEX = {order: i for i, order in enumerate(PLACEMENTS)}
+_PERM_DIMS = np.array([[DIMENSIONS.index(d) for d in order] for order in PLACEMENTS], dtype=np.int64)
+
+
+def canonical_placements(sizes: dict[str, int]) -> list[int]:
+    """Placement indices that differ for these group sizes: size-1 dimensions do not matter, so only the
+    orders that put them last (in DIMENSIONS order) are kept: k! placements for k dimensions of size > 1."""
+    trivial = [d for d in DIMENSIONS if sizes[d] == 1]
+    out = []
+    for i, order in enumerate(PLACEMENTS):
+        tail = list(order[len(order) - len(trivial):]) if trivial else []
+        if tail == trivial:
+            out.append(i)
+    return out
+
+
+@dataclass
+class Candidates:
+    """Plans as arrays; the boolean switches that a search keeps fixed are plain scalars."""
+
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    cp: np.ndarray
+    micro_batch: np.ndarray
+    interleave: np.ndarray
+    zero: np.ndarray
+    recompute: np.ndarray
+    """0 none, 1 selective, 2 full (index into spec.plan.RECOMPUTE)."""
+    sequence_parallel: np.ndarray
+    flash_attention: np.ndarray
+    placement: np.ndarray
+    """Index into PLACEMENTS."""
+    dropout: bool = False
+    fp32_grads: bool = False
+    dp_overlap: bool = True
+    tp_overlap: bool = False
+    layout: dict[str, np.ndarray] | None = None
+    """Members per fast domain of each dimension's group, when the caller computed them already."""
+
+    def __len__(self) -> int:
+        return len(self.dp)
+
+    @property
+    def gpus(self) -> np.ndarray:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """(n, 4) group sizes in DIMENSIONS order."""
+        return np.stack([getattr(self, d) for d in DIMENSIONS], axis=1)
+
+    def members_per_domain(self, domain_size: int) -> dict[str, np.ndarray]:
+        """Members of each dimension's group inside one fast domain (precomputed by a search, or computed)."""
+        if self.layout is not None:
+            return self.layout
+        return members_per_domain(self.sizes, self.placement, domain_size)
+
+    def subset(self, mask: np.ndarray) -> "Candidates":
+        """The candidates where `mask` is true (fancy indexing works too)."""
+        arrays = {f.name: getattr(self, f.name)[mask] for f in fields(self) if isinstance(getattr(self, f.name),
+                                                                                          np.ndarray)}
+        scalars = {f.name: getattr(self, f.name) for f in fields(self)
+                   if f.name != "layout" and not isinstance(getattr(self, f.name), np.ndarray)}
+        layout = {d: g[mask] for d, g in self.layout.items()} if self.layout is not None else None
+        return Candidates(**arrays, **scalars, layout=layout)
+
+    def plan(self, i: int) -> ParallelPlan:
+        """Candidate `i` as a ParallelPlan."""
+        return ParallelPlan(dp=int(self.dp[i]), tp=int(self.tp[i]), pp=int(self.pp[i]), cp=int(self.cp[i]),
+                            sequence_parallel=bool(self.sequence_parallel[i]), zero=int(self.zero[i]),
+                            recompute=RECOMPUTE[int(self.recompute[i])], interleave=int(self.interleave[i]),
+                            micro_batch=int(self.micro_batch[i]), flash_attention=bool(self.flash_attention[i]),
+                            dropout=self.dropout, fp32_grads=self.fp32_grads, dp_overlap=self.dp_overlap,
+                            tp_overlap=self.tp_overlap, placement=PLACEMENTS[int(self.placement[i])])
+
+    @classmethod
+    def from_plans(cls, plans: Sequence[ParallelPlan]) -> "Candidates":
+        """Arrays from ParallelPlans that share the scalar switches (dropout, fp32_grads, overlaps)."""
+        first = plans[0]
+        for plan in plans:
+            if (plan.dropout, plan.fp32_grads, plan.dp_overlap, plan.tp_overlap) != (
+                    first.dropout, first.fp32_grads, first.dp_overlap, first.tp_overlap):
+                raise ValueError("plans must share dropout, fp32_grads, dp_overlap and tp_overlap")
+
+        def ints(get) -> np.ndarray:
+            return np.array([get(p) for p in plans], dtype=np.int64)
+
+        return cls(dp=ints(lambda p: p.dp), tp=ints(lambda p: p.tp), pp=ints(lambda p: p.pp), cp=ints(lambda p: p.cp),
+                   micro_batch=ints(lambda p: p.micro_batch), interleave=ints(lambda p: p.interleave),
+                   zero=ints(lambda p: p.zero), recompute=ints(lambda p: RECOMPUTE.index(p.recompute)),
+                   sequence_parallel=np.array([p.sequence_parallel for p in plans], dtype=bool),
+                   flash_attention=np.array([p.flash_attention for p in plans], dtype=bool),
+                   placement=ints(lambda p: _PLACEMENT_INDEX[tuple(p.placement)]),
+                   dropout=first.dropout, fp32_grads=first.fp32_grads, dp_overlap=first.dp_overlap,
+                   tp_overlap=first.tp_overlap)
+
+
+def members_per_domain(sizes: np.ndarray, placement: np.ndarray, domain_size: int) -> dict[str, np.ndarray]:
+    """Element-wise `collectives.members_per_domain` for (n, 4) group sizes and n placement indices."""
+    order = _PERM_DIMS[placement]  # (n, 4): dimension index at each nesting level
+    sizes_in_order = np.take_along_axis(sizes, order, axis=1)
+    strides_in_order = np.ones_like(sizes_in_order)
+    strides_in_order[:, 1:] = np.cumprod(sizes_in_order[:, :-1], axis=1)
+    strides = np.empty_like(strides_in_order)
+    np.put_along_axis(strides, order, strides_in_order, axis=1)
+    spread = np.maximum(1, domain_size // strides)
+    inside = np.where(strides * sizes <= domain_size, sizes, spread)
+    g = np.where((sizes <= 1) | (strides >= domain_size), 1, inside)
+    return {d: g[:, i] for i, d in enumerate(DIMENSIONS)}
+
+
+def concatenate(parts: Sequence[Candidates]) -> Candidates:
+    """Join candidate sets that share their scalar switches."""
+    first = parts[0]
+    arrays = {f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(first)
+              if isinstance(getattr(first, f.name), np.ndarray)}
+    scalars = {f.name: getattr(first, f.name) for f in fields(first)
+               if f.name != "layout" and not isinstance(getattr(first, f.name), np.ndarray)}
+    layout = None
+    if all(p.layout is not None for p in parts):
+        layout = {d: np.concatenate([p.layout[d] for p in parts]) for d in DIMENSIONS}
+    return Candidates(**arrays, **scalars, layout=layout)

@@ -1,0 +1,71 @@
+"""The per-layer table of `stepscope predict --per-layer`, in the layout of the LBNL notebook
+(Comprehensive Performance Modeling and System Design Insights for Foundation Models, 2024):
+one row per op of one transformer block on one GPU and micro-batch, then the attention and MLP blocks
+summed over the layers of a pipeline stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepscope.perfmodel.collectives import collective_time
+from stepscope.perfmodel.evaluate import group_layout
+from stepscope.perfmodel.ops import Cost, Geometry, Op, layer_ops
+from stepscope.perfmodel.timing import exposed, op_time
+from stepscope.spec import ModelSpec, Workload, bytes_per_element
+from stepscope.spec.plan import ParallelPlan
+from stepscope.spec.system import SystemSpec
+
+COLUMNS = ["layer", "flops_fwd_GFLOP", "act_mem_MiB", "wt_mem_MiB", "total_mem_fwd_MiB", "flops_bwd_GFLOP",
+           "comm_fwd", "comm_bwd", "t_comp_ms", "t_mem_ms", "t_comm_ms", "intensity_FLOP_per_B", "t_total_ms",
+           "comm_fraction"]
+_SHORT = {"all-reduce": "AR", "reduce-scatter": "RS", "all-gather": "AG", "p2p": "P2P"}
+MiB = 2.0**20
+
+
+def _describe(cost: Cost) -> str:
+    return ", ".join(f"{_SHORT[c.kind]} {c.group}{c.size} {c.bytes / MiB:.3g}MiB" for c in cost.comms) or "-"
+
+
+def per_layer_rows(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: SystemSpec) -> list[dict[str, Any]]:
+    """Rows for every op of one layer, then `attention xL`, `mlp xL` and `layer xL` sums over a stage."""
+    e = bytes_per_element(workload.precision)
+    g = Geometry(plan.micro_batch, workload.seq, e, plan.tp, plan.cp, plan.sequence_parallel, plan.flash_attention,
+                 plan.dropout)
+    layout = group_layout(plan, system.network.domain_size)
+    op_rows = [_row(op, workload, plan, system, layout, e) for op in layer_ops(spec, g)]
+    rows = list(op_rows)
+    layers = spec.n_layers // plan.pp
+    for block in ("attention", "mlp", None):
+        members = [r for r in op_rows if block is None or r["_block"] == block]
+        total = {c: sum(r[c] for r in members) * layers for c in COLUMNS
+                 if c not in ("layer", "comm_fwd", "comm_bwd", "intensity_FLOP_per_B", "comm_fraction")}
+        total["layer"] = f"{block or 'layer'} x{layers}"
+        total["comm_fwd"] = total["comm_bwd"] = ""
+        total["intensity_FLOP_per_B"] = (sum(r["_flops"] for r in members) / sum(r["_bytes"] for r in members))
+        total["comm_fraction"] = total["t_comm_ms"] / total["t_total_ms"] if total["t_total_ms"] else 0.0
+        rows.append(total)
+    return [{c: r[c] for c in COLUMNS} for r in rows]
+
+
+def _row(op: Op, workload: Workload, plan: ParallelPlan, system: SystemSpec, layout: dict[str, int],
+         e: int) -> dict[str, Any]:
+    compute = memory = comm = total = 0.0
+    for cost in (op.forward, op.backward):
+        timed = op_time(cost, op.kind, system.accelerator, workload.precision)
+        compute += timed.compute_s
+        memory += timed.memory_s
+        total += timed.total_s
+        for c in cost.comms:
+            seconds = collective_time(c.kind, c.bytes, c.size, layout[c.group], system.network)
+            comm += seconds
+            total += exposed(seconds, timed.compute_s, plan.tp_overlap and c.overlappable)
+    weights = op.params * e
+    return {"layer": op.name, "_block": op.block, "_flops": op.forward.flops, "_bytes": op.forward.bytes,
+            "flops_fwd_GFLOP": op.forward.flops / 1e9, "act_mem_MiB": op.saved_bytes / MiB,
+            "wt_mem_MiB": weights / MiB, "total_mem_fwd_MiB": (op.saved_bytes + weights) / MiB,
+            "flops_bwd_GFLOP": op.backward.flops / 1e9, "comm_fwd": _describe(op.forward),
+            "comm_bwd": _describe(op.backward), "t_comp_ms": 1e3 * compute, "t_mem_ms": 1e3 * memory,
+            "t_comm_ms": 1e3 * comm,
+            "intensity_FLOP_per_B": op.forward.flops / op.forward.bytes if op.forward.bytes else 0.0,
+            "t_total_ms": 1e3 * total, "comm_fraction": comm / total if total else 0.0}

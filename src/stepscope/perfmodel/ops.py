@@ -1,0 +1,290 @@
+"""Per-op accounting of one micro-batch on one GPU: FLOPs, HBM bytes, saved activations, parameters and
+collectives, forward and backward separately. Numbers only; turning them into time is `timing.py`.
+
+Conventions (the reference the vectorized evaluator is tested against):
+- A matrix op M x K x N costs 2·M·K·N FLOPs and moves (M·K + K·N + M·N) elements once; its backward is two
+  matrix ops of the same size (input gradient and weight gradient): 2x the FLOPs, bytes and kernels.
+- `flops` are executed FLOPs (what takes time); `model_flops` are the MFU FLOPs of `ModelSpec`
+  (causal attention counts half of the s x s work). Unfused attention executes the full s x s square;
+  a fused (flash) kernel skips masked blocks, and its backward re-computes the scores (2.5x forward).
+- Elementwise ops stream their inputs and outputs once (`bytes`) and do a nominal number of FLOPs per
+  element (`VECTOR_FLOPS`); their backward moves and computes `VECTOR_BACKWARD` times as much.
+- `saved_bytes` are the activations an op keeps for backward (Korthikanti et al. 2022 accounting: 16-bit
+  activations give s·b·h·(34 + 5·a·s/h) per GPT layer, 1-byte dropout masks); `saved_selective_bytes` is
+  what stays stored under selective recomputation (the s x s tensors are dropped and re-computed).
+- Tensor parallelism (Megatron 1-D): QKV/up are column-parallel, out/down row-parallel, the embedding and
+  the logits vocabulary-parallel. Without sequence parallelism each block does one all-reduce of the
+  (tokens x d_model) activations forward and one backward; with it, an all-gather and a reduce-scatter.
+- Kernel counts follow an eager implementation like `stepscope.nn.TransformerLM` (rotary: 7 kernels per
+  tensor; SwiGLU: silu and mul).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from stepscope.spec import ModelSpec
+
+# Nominal elementwise FLOPs per element (what a vector unit does; not counted in MFU).
+VECTOR_FLOPS = {"norm": 5.0, "rope": 3.0, "softmax": 5.0, "dropout": 2.0, "residual": 1.0, "swiglu": 6.0,
+                "gelu": 10.0, "embedding": 1.0, "loss": 5.0}
+# Backward of an elementwise op relative to its forward (bytes and FLOPs), from what it reads and writes:
+# a norm reads x and dy and writes dx (3 tensors vs 2); a residual add's gradient passes through (one
+# accumulation, as many tensors as forward); softmax reads p and dy, writes dx; SwiGLU reads dy, gate and
+# up and writes two gradients (5 vs 3); GELU reads x and dy, writes dx; dropout and rotary replay their
+# forward on the gradient.
+VECTOR_BACKWARD = {"norm": 1.5, "rope": 1.0, "softmax": 1.5, "dropout": 1.0, "residual": 1.0, "swiglu": 5 / 3,
+                   "gelu": 1.5}
+ROPE_KERNELS_PER_TENSOR = 7
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective issued by an op. `bytes` follows nccl-tests: per-rank buffer for all-reduce,
+    total (gathered) size for all-gather and reduce-scatter, message size for point-to-point."""
+
+    kind: str
+    """all-reduce | reduce-scatter | all-gather | p2p."""
+    bytes: float
+    group: str
+    """Which parallel dimension's group: tp | cp | dp | pp."""
+    size: int
+    """Ranks in the group."""
+    overlappable: bool = True
+    """May hide behind the op's own compute when the plan enables overlap."""
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One direction (forward or backward) of an op."""
+
+    flops: float = 0.0
+    """Executed FLOPs (matrix FLOPs for matrix/attention ops, elementwise FLOPs for vector ops)."""
+    model_flops: float = 0.0
+    """FLOPs counted toward MFU."""
+    bytes: float = 0.0
+    """HBM traffic."""
+    kernels: int = 1
+    """Kernel launches (each pays the per-kernel overhead)."""
+    comms: tuple[Collective, ...] = ()
+    """Collectives issued by this direction of the op."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op of a block, forward and backward."""
+
+    name: str
+    block: str
+    """embedding | attention | mlp | head."""
+    kind: str
+    """matrix | attention (fused flash kernel) | vector."""
+    forward: Cost
+    backward: Cost
+    saved_bytes: float = 0.0
+    """Activation bytes kept from forward to backward (no recomputation)."""
+    saved_selective_bytes: float | None = None
+    """Bytes still kept under selective recomputation (None: same as saved_bytes)."""
+    params: float = 0.0
+    """Parameters of this op held by one GPU."""
+    selective: bool = False
+    """Re-executed during backward under selective recomputation."""
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def kept_selective(self) -> float:
+        return self.saved_bytes if self.saved_selective_bytes is None else self.saved_selective_bytes
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What one micro-batch looks like on one GPU."""
+
+    micro_batch: int
+    """Sequences per micro-batch."""
+    seq: int
+    """Full sequence length (context parallelism splits it)."""
+    act_bytes: int = 2
+    """Bytes per activation element (2 for bf16/fp16, 4 for fp32)."""
+    tp: int = 1
+    cp: int = 1
+    sequence_parallel: bool = False
+    flash_attention: bool = True
+    dropout: bool = False
+
+    @property
+    def tokens(self) -> float:
+        """Tokens each GPU of a TP group processes in the matrix ops: b·s/cp."""
+        return self.micro_batch * self.seq / self.cp
+
+    @property
+    def sharded_tokens(self) -> float:
+        """Tokens of the norm/dropout/residual ops: divided by tp under sequence parallelism."""
+        return self.tokens / self.tp if self.sequence_parallel else self.tokens
+
+
+def _matrix(name: str, block: str, m: float, k: float, n: float, e: int, *, params: float, saved: float,
+            fwd_comms: tuple[Collective, ...] = (), bwd_comms: tuple[Collective, ...] = ()) -> Op:
+    flops = 2.0 * m * k * n
+    moved = (m * k + k * n + m * n) * e
+    return Op(name, block, "matrix", Cost(flops, flops, moved, 1, fwd_comms),
+              Cost(2 * flops, 2 * flops, 2 * moved, 2, bwd_comms), saved_bytes=saved, params=params)
+
+
+def _vector(name: str, block: str, kind: str, elements: float, moved: float, *, per_element: float | None = None,
+            saved: float = 0.0, kernels: int = 1, params: float = 0.0, fwd_comms: tuple[Collective, ...] = (),
+            bwd_comms: tuple[Collective, ...] = (), saved_selective: float | None = None,
+            selective: bool = False) -> Op:
+    flops = (VECTOR_FLOPS[kind] if per_element is None else per_element) * elements
+    back = VECTOR_BACKWARD[kind]
+    return Op(name, block, "vector", Cost(flops, 0.0, moved, kernels, fwd_comms),
+              Cost(back * flops, 0.0, back * moved, kernels, bwd_comms), saved_bytes=saved,
+              saved_selective_bytes=saved_selective, params=params, selective=selective)
+
+
+def _tp_entry_exit(g: Geometry, width: float) -> tuple[tuple, tuple, tuple, tuple]:
+    """Collectives around a TP block: (entry fwd, entry bwd, exit fwd, exit bwd) for its (tokens x width)."""
+    if g.tp == 1:
+        return (), (), (), ()
+    nbytes = g.tokens * width * g.act_bytes
+    if g.sequence_parallel:
+        return ((Collective("all-gather", nbytes, "tp", g.tp),), (Collective("reduce-scatter", nbytes, "tp", g.tp),),
+                (Collective("reduce-scatter", nbytes, "tp", g.tp),), (Collective("all-gather", nbytes, "tp", g.tp),))
+    return (), (Collective("all-reduce", nbytes, "tp", g.tp),), (Collective("all-reduce", nbytes, "tp", g.tp),), ()
+
+
+def attention_block(spec: ModelSpec, g: Geometry) -> list[Op]:
+    """Norm, QKV projection, rotary, attention core (fused, or scores/softmax/dropout/values), output
+    projection, dropout + residual: the ops of one attention block."""
+    h, kv, e, t = spec.d_model, spec.kv_dim, g.act_bytes, g.tp
+    tokens, sharded = g.tokens, g.sharded_tokens
+    qkv_width = (h + 2 * kv) / t
+    entry_fwd, entry_bwd, exit_fwd, exit_bwd = _tp_entry_exit(g, h)
+    mask = 1 if g.dropout else 0
+    ops = [_vector("attn_norm", "attention", "norm", sharded * h, 2 * sharded * h * e,
+                   saved=sharded * h * e, params=spec.norm_params())]
+    qkv_bias = (h + 2 * kv) / t if spec.attn_bias else 0.0
+    # the entry collective belongs to the QKV GEMM: it is what an overlapping implementation hides it behind
+    ops.append(_matrix("qkv", "attention", tokens, h, qkv_width, e, params=h * qkv_width + qkv_bias,
+                       saved=sharded * h * e, fwd_comms=entry_fwd, bwd_comms=entry_bwd))
+    if spec.positions == "rope":
+        rotated = tokens * (h + kv) / t
+        ops.append(_vector("rope", "attention", "rope", rotated, 2 * rotated * e,
+                           kernels=2 * ROPE_KERNELS_PER_TENSOR))
+    ops.extend(attention_ops(spec, g))
+    out_bias = h if spec.attn_bias else 0.0  # row-parallel bias: replicated, added after the reduction
+    ops.append(_matrix("attn_out", "attention", tokens, h / t, h, e, params=h * h / t + out_bias,
+                       saved=tokens * h / t * e, fwd_comms=exit_fwd, bwd_comms=exit_bwd))
+    ops.append(_vector("attn_residual", "attention", "residual", sharded * h, sharded * h * (3 * e + mask),
+                       per_element=VECTOR_FLOPS["residual"] + (VECTOR_FLOPS["dropout"] if g.dropout else 0.0),
+                       saved=sharded * h * mask))
+    return ops
+
+
+def attention_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
+    """The attention core: one fused flash op, or scores, softmax, (dropout,) values."""
+    h, kv, e, t = spec.d_model, spec.kv_dim, g.act_bytes, g.tp
+    tokens, heads = g.tokens, spec.n_heads / t
+    queries = g.micro_batch * g.seq / g.cp  # each context-parallel rank owns seq/cp queries of every sequence
+    square_flops = 2.0 * queries * g.seq * h / t  # one s x s matmul (QKᵀ or PV) over all local heads, unmasked
+    qk_bytes, v_bytes = tokens * (h + kv) / t * e, tokens * kv / t * e
+    cp_fwd = (Collective("all-gather", 2 * g.micro_batch * g.seq * kv / t * e, "cp", g.cp),) if g.cp > 1 else ()
+    cp_bwd = (Collective("reduce-scatter", 2 * g.micro_batch * g.seq * kv / t * e, "cp", g.cp),) if g.cp > 1 else ()
+    if g.flash_attention:
+        lse = 4.0 * heads * queries  # fp32 log-sum-exp per query and local head
+        forward = square_flops  # two causal halves: QKᵀ and PV
+        moved = tokens * (2 * h + 2 * kv) / t * e  # read q, k, v; write o
+        return [Op("flash_attention", "attention", "attention",
+                   Cost(forward, forward, moved + lse, 1, cp_fwd),
+                   Cost(2.5 * forward, 2.0 * forward, 2 * moved + lse, 1, cp_bwd),
+                   saved_bytes=qk_bytes + v_bytes + lse)]
+    scores = heads * queries * g.seq  # s x s elements per local head and sequence
+    mask = 1 if g.dropout else 0
+    ops = [Op("scores", "attention", "matrix",
+              Cost(square_flops, square_flops / 2, qk_bytes + scores * e, 1, cp_fwd),
+              Cost(2 * square_flops, square_flops, 2 * (qk_bytes + scores * e), 2, cp_bwd),
+              saved_bytes=qk_bytes, selective=True),
+           _vector("softmax", "attention", "softmax", scores, 2 * scores * e, saved=scores * e,
+                   saved_selective=0.0, selective=True)]
+    if g.dropout:
+        ops.append(_vector("attn_dropout", "attention", "dropout", scores, scores * (2 * e + mask),
+                           saved=scores * (e + mask), saved_selective=0.0, selective=True))
+    ops.append(Op("values", "attention", "matrix",
+                  Cost(square_flops, square_flops / 2, scores * e + v_bytes + tokens * h / t * e, 1),
+                  Cost(2 * square_flops, square_flops, 2 * (scores * e + v_bytes + tokens * h / t * e), 2),
+                  saved_bytes=v_bytes, selective=True))
+    return ops
+
+
+def mlp_block(spec: ModelSpec, g: Geometry) -> list[Op]:
+    """Norm, up (and gate) projection, activation, down projection, dropout + residual."""
+    h, f, e, t = spec.d_model, spec.d_ff, g.act_bytes, g.tp
+    tokens, sharded = g.tokens, g.sharded_tokens
+    gated = spec.mlp == "swiglu"
+    up_width = (2 if gated else 1) * f / t
+    entry_fwd, entry_bwd, exit_fwd, exit_bwd = _tp_entry_exit(g, h)
+    mask = 1 if g.dropout else 0
+    ops = [_vector("mlp_norm", "mlp", "norm", sharded * h, 2 * sharded * h * e,
+                   saved=sharded * h * e, params=spec.norm_params())]
+    ops.append(_matrix("mlp_up", "mlp", tokens, h, up_width, e,
+                       params=h * up_width + (up_width if spec.mlp_bias else 0.0), saved=sharded * h * e,
+                       fwd_comms=entry_fwd, bwd_comms=entry_bwd))
+    hidden = tokens * f / t
+    if gated:  # silu(gate) * up: reads both halves, writes one; keeps both for backward
+        ops.append(_vector("swiglu", "mlp", "swiglu", hidden, 3 * hidden * e, saved=2 * hidden * e,
+                           kernels=2))
+    else:
+        ops.append(_vector("gelu", "mlp", "gelu", hidden, 2 * hidden * e, saved=hidden * e))
+    ops.append(_matrix("mlp_down", "mlp", tokens, f / t, h, e,
+                       params=f / t * h + (h if spec.mlp_bias else 0.0), saved=hidden * e,
+                       fwd_comms=exit_fwd, bwd_comms=exit_bwd))
+    ops.append(_vector("mlp_residual", "mlp", "residual", sharded * h, sharded * h * (3 * e + mask),
+                       per_element=VECTOR_FLOPS["residual"] + (VECTOR_FLOPS["dropout"] if g.dropout else 0.0),
+                       saved=sharded * h * mask))
+    return ops
+
+
+def layer_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
+    """All ops of one transformer block."""
+    return attention_block(spec, g) + mlp_block(spec, g)
+
+
+def embedding_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
+    """Token embedding (vocabulary-parallel: partial rows, then a TP reduction) and learned positions."""
+    h, e, t, tokens = spec.d_model, g.act_bytes, g.tp, g.tokens
+    comms: tuple[Collective, ...] = ()
+    if t > 1:
+        kind = "reduce-scatter" if g.sequence_parallel else "all-reduce"
+        comms = (Collective(kind, tokens * h * e, "tp", t),)
+    table = spec.vocab_size * h / t
+    params = table + (spec.context_length * h if spec.positions == "learned" else 0.0)
+    learned = spec.positions == "learned"
+    forward = Cost(tokens * h * (1 + learned), 0.0, tokens * h * e * (2 + 3 * learned), 1 + learned, comms)
+    # backward: a dense gradient of the (local) table is materialized, then rows are scattered into it
+    backward = Cost(tokens * h, 0.0, table * 4 + 2 * tokens * h * e, 2)
+    return [Op("embedding", "embedding", "vector", forward, backward, params=params)]
+
+
+def head_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
+    """Final norm, vocabulary projection (vocabulary-parallel) and cross-entropy in fp32."""
+    h, e, t = spec.d_model, g.act_bytes, g.tp
+    tokens, sharded = g.tokens, g.sharded_tokens
+    gather_fwd: tuple[Collective, ...] = ()
+    gather_bwd: tuple[Collective, ...] = ()
+    if t > 1 and g.sequence_parallel:
+        gather_fwd = (Collective("all-gather", tokens * h * e, "tp", t),)
+        gather_bwd = (Collective("reduce-scatter", tokens * h * e, "tp", t),)
+    elif t > 1:
+        gather_bwd = (Collective("all-reduce", tokens * h * e, "tp", t),)
+    ops = [_vector("final_norm", "head", "norm", sharded * h, 2 * sharded * h * e,
+                   saved=sharded * h * e, params=spec.norm_params())]
+    vocab = spec.vocab_size / t
+    ops.append(_matrix("logits", "head", tokens, h, vocab, e, params=0.0 if spec.tie_embeddings else h * vocab,
+                       saved=sharded * h * e, fwd_comms=gather_fwd, bwd_comms=gather_bwd))
+    logits = tokens * vocab
+    upcast = 8.0 if e < 4 else 0.0  # a 16-bit logit tensor is copied to fp32 before the loss
+    loss_comms = (Collective("all-reduce", 3 * 4 * tokens, "tp", t),) if t > 1 else ()
+    forward = Cost(VECTOR_FLOPS["loss"] * logits, 0.0, logits * (e + upcast + 8), 3, loss_comms)
+    backward = Cost(2 * VECTOR_FLOPS["loss"] * logits, 0.0, logits * (8 + (4 + e if e < 4 else 0)), 3)
+    ops.append(Op("loss", "head", "vector", forward, backward, saved_bytes=logits * 4))
+    return ops

@@ -1,0 +1,268 @@
+"""Search every valid parallel plan for a model, a system, N GPUs and a global batch.
+
+1. Shapes: every (tp, pp, cp) whose product divides N, dp = N / (tp·pp·cp); crossed with every
+   micro-batch and interleave value. The plan rules (`spec.plan.CONSTRAINTS`) are evaluated on these
+   arrays; each rule's count of excluded candidates is kept for `--explain`.
+2. The surviving shapes (sequence parallelism included) are expanded into groups — one per distinct
+   placement of the tp/cp/dp/pp groups on rank numbers and per attention kind — and each group into its
+   members, one per (ZeRO stage, recompute mode).
+3. Chunks of candidates are evaluated by `vectorized.evaluate_many` on a few threads (group terms once per
+   group); the feasible ones (memory fits) compete for the top k by tokens/s. Every candidate counted as
+   evaluated gets its own step time, memory and verdict.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from stepscope.errors import UsageError
+from stepscope.perfmodel.candidates import PLACEMENTS, Candidates, canonical_placements, members_per_domain
+from stepscope.perfmodel.vectorized import evaluate_many
+from stepscope.spec import ModelSpec, Workload
+from stepscope.spec.plan import CONSTRAINTS, DIMENSIONS, RECOMPUTE, Facts, ParallelPlan
+from stepscope.spec.system import SystemSpec
+
+# Candidates per evaluation chunk: small enough that numpy's temporaries (128 KiB) stay in the allocator's
+# heap instead of fresh mmaps, whose page faults otherwise cost more system time than the arithmetic.
+CHUNK = 1 << 14
+MEMORY_RULE = "memory fits the device"
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Values each plan dimension may take; None means every value that can be valid."""
+
+    tp: tuple[int, ...] | None = None
+    """Tensor-parallel sizes (default: divisors of the GPU count)."""
+    pp: tuple[int, ...] | None = None
+    """Pipeline sizes (default: divisors of the GPU count)."""
+    cp: tuple[int, ...] | None = None
+    """Context-parallel sizes (default: divisors of the GPU count)."""
+    micro_batch: tuple[int, ...] | None = None
+    """Micro-batch sizes (default: divisors of the global batch)."""
+    interleave: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
+    """Virtual pipeline chunks per stage."""
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    """ZeRO stages."""
+    recompute: tuple[str, ...] = RECOMPUTE
+    """Recompute modes."""
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    """Sequence parallelism off/on (on only where tp > 1)."""
+    flash_attention: tuple[bool, ...] = (True,)
+    """Fused attention kernel or not."""
+    placements: bool = True
+    """Search every distinct nesting of the groups on rank numbers (else tp, cp, dp, pp only)."""
+    dropout: bool = False
+    """The run applies dropout."""
+    fp32_grads: bool = False
+    """Gradients in fp32."""
+    dp_overlap: bool = True
+    """Gradient reduction overlaps backward."""
+    tp_overlap: bool = False
+    """TP/CP collectives overlap their GEMMs."""
+
+
+@dataclass
+class SearchResult:
+    """The best feasible plans and the accounting of everything that was looked at."""
+
+    top: list[tuple[ParallelPlan, dict[str, float]]]
+    evaluated: int
+    """Candidates evaluated by the model (valid under every rule)."""
+    feasible: int
+    rejected: dict[str, int]
+    """Rule name -> candidates it excluded (a candidate can break several rules)."""
+    examples: dict[str, str]
+    """Rule name -> the explanation for one excluded candidate."""
+    enumerate_s: float
+    evaluate_s: float
+    closest: tuple[ParallelPlan, dict[str, float]] | None = None
+    """With no feasible plan: the candidate needing the least memory."""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return self.enumerate_s + self.evaluate_s
+
+    @property
+    def configs_per_s(self) -> float:
+        return self.evaluated / self.seconds if self.seconds > 0 else float("inf")
+
+    def why_none(self) -> str:
+        """One line: which constraint left no feasible plan."""
+        rules = {rule: n for rule, n in self.rejected.items() if rule != MEMORY_RULE}
+        worst = max(rules.items(), key=lambda kv: kv[1]) if rules else None
+        others = f"'{worst[0]}' excluded the most other candidates ({worst[1]:,}): {self.examples[worst[0]]}" \
+            if worst else ""
+        if self.evaluated:
+            return (f"no feasible plan: memory excluded all {self.evaluated:,} valid candidates "
+                    f"({self.examples.get(MEMORY_RULE, 'none fits')})" + (f"; {others}" if others else ""))
+        return f"no valid plan: {others}" if others else "no valid plan in the search space"
+
+
+class _Rows:
+    """Shape rows as arrays with the attribute names the plan rules use."""
+
+    def __init__(self, **arrays: np.ndarray) -> None:
+        self.__dict__.update(arrays)
+
+    def take(self, mask: np.ndarray) -> "_Rows":
+        return _Rows(**{k: v[mask] for k, v in self.__dict__.items()})
+
+    def example(self, i: int) -> ParallelPlan:
+        fields = {k: int(v[i]) for k, v in self.__dict__.items() if k != "sequence_parallel"}
+        return ParallelPlan(sequence_parallel=bool(self.sequence_parallel[i]), **fields)
+
+
+def _shape_rows(gpus: int, space: SearchSpace, workload: Workload) -> _Rows:
+    tps = space.tp or tuple(divisors(gpus))
+    pps = space.pp or tuple(divisors(gpus))
+    cps = space.cp or tuple(divisors(gpus))
+    mbs = space.micro_batch or tuple(divisors(workload.batch))
+    shapes = [(tp, pp, cp, gpus // (tp * pp * cp)) for tp, pp, cp in itertools.product(tps, pps, cps)
+              if gpus % (tp * pp * cp) == 0]
+    if not shapes:
+        raise UsageError(f"no (tp, pp, cp) in the search space divides {gpus} GPUs")
+    grid = np.array([(tp, pp, cp, dp, mb, v, sp) for (tp, pp, cp, dp), mb, v, sp
+                     in itertools.product(shapes, mbs, space.interleave, space.sequence_parallel)], dtype=np.int64)
+    return _Rows(tp=grid[:, 0], pp=grid[:, 1], cp=grid[:, 2], dp=grid[:, 3], micro_batch=grid[:, 4],
+                 interleave=grid[:, 5], sequence_parallel=grid[:, 6].astype(bool))
+
+
+def _placement_table(rows: _Rows, space: SearchSpace) -> tuple[np.ndarray, dict[int, list[int]]]:
+    """Per row, a key (which dimensions have size > 1) and the placements to try for each key."""
+    key = sum((getattr(rows, d) > 1).astype(np.int64) << i for i, d in enumerate(DIMENSIONS))
+    default = PLACEMENTS.index(DIMENSIONS)
+    table = {}
+    for k in np.unique(key):
+        sizes = {d: 2 if (int(k) >> i) & 1 else 1 for i, d in enumerate(DIMENSIONS)}
+        table[int(k)] = canonical_placements(sizes) if space.placements else [default]
+    return key, table
+
+
+def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, space: SearchSpace = SearchSpace(),
+           *, top_k: int = 10, threads: int = 1,
+           progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    """Every valid plan of `space` on `gpus` GPUs, evaluated on `threads` threads; the `top_k` feasible
+    ones by tokens/s. `progress(done, total)` is called after every chunk."""
+    workload.check_fits(spec.context_length)
+    start = time.perf_counter()
+    rows = _shape_rows(gpus, space, workload)
+    facts = Facts.of(spec, workload.batch, workload.seq)
+    key, placements = _placement_table(rows, space)
+    multiplicity = np.array([len(placements[int(k)]) for k in key]) * (
+        len(space.zero) * len(space.recompute) * len(space.flash_attention))
+    valid = np.ones(len(key), dtype=bool)
+    rejected: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for rule in CONSTRAINTS:
+            ok = np.asarray(rule.test(rows, facts), dtype=bool)
+            broken = ~ok
+            if broken.any():
+                rejected[rule.name] = int(multiplicity[broken].sum())
+                examples[rule.name] = rule.message(rows.example(int(np.argmax(broken))), facts)
+            valid &= ok
+    rows, key = rows.take(valid), key[valid]
+    # candidates = groups (shape row, placement, attention kind) x (ZeRO stage, recompute mode): a group's
+    # layout is computed once, and the evaluator computes its terms once for all its members
+    members = np.array(list(itertools.product(space.zero, [RECOMPUTE.index(r) for r in space.recompute])),
+                       dtype=np.int64)
+    k = len(members)
+    flash = np.array(space.flash_attention, dtype=bool)
+    sizes = np.stack([getattr(rows, d) for d in DIMENSIONS], axis=1)
+    groups = []
+    for placement_key, indices in placements.items():
+        selected = np.nonzero(key == placement_key)[0]
+        if len(selected):
+            per_row = len(indices) * len(flash)
+            group_rows = np.repeat(selected, per_row)
+            group_placements = np.tile(np.repeat(np.array(indices, dtype=np.int64), len(flash)), len(selected))
+            group_flash = np.tile(flash, len(selected) * len(indices))
+            layout = members_per_domain(sizes[group_rows], group_placements, system.network.domain_size)
+            groups.append((group_rows, group_placements, group_flash, layout))
+    per_chunk = max(1, CHUNK // k)
+    chunks = [(part, lo, min(lo + per_chunk, len(part[0]))) for part in groups
+              for lo in range(0, len(part[0]), per_chunk)]
+    total = sum(len(part[0]) for part in groups) * k
+    enumerate_s = time.perf_counter() - start
+
+    def run(chunk) -> tuple[int, int, tuple | None, tuple]:
+        (group_rows, group_placements, group_flash, layout), lo, hi = chunk
+        r = np.repeat(group_rows[lo:hi], k)
+        cat = np.tile(members, (hi - lo, 1))
+        cands = Candidates(dp=rows.dp[r], tp=rows.tp[r], pp=rows.pp[r], cp=rows.cp[r],
+                           micro_batch=rows.micro_batch[r], interleave=rows.interleave[r], zero=cat[:, 0],
+                           recompute=cat[:, 1], sequence_parallel=rows.sequence_parallel[r],
+                           flash_attention=np.repeat(group_flash[lo:hi], k),
+                           placement=np.repeat(group_placements[lo:hi], k), dropout=space.dropout,
+                           fp32_grads=space.fp32_grads, dp_overlap=space.dp_overlap, tp_overlap=space.tp_overlap,
+                           layout={d: np.repeat(g[lo:hi], k) for d, g in layout.items()})
+        out = evaluate_many(spec, workload, system, cands, group_size=k)
+        ok = out["feasible"]
+        i = int(np.argmin(out["mem_GiB"]))
+        smallest = (float(out["mem_GiB"][i]), cands.subset([i]), {name: v[[i]] for name, v in out.items()})
+        return len(cands), int(ok.sum()), _top(cands, out, ok, top_k) if ok.any() else None, smallest
+
+    evaluated = feasible = 0
+    best: list[tuple] = []
+    closest: tuple | None = None
+    start = time.perf_counter()
+    # numpy releases the GIL inside its array loops, so threads can share the chunks; with chunks this small
+    # the Python between the array operations dominates and one thread is as fast (measured), hence default 1
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        for n, n_ok, chunk_top, smallest in pool.map(run, chunks):
+            evaluated += n
+            feasible += n_ok
+            if chunk_top is not None:
+                best = [_merge(best + [chunk_top], top_k)]
+            if closest is None or smallest[0] < closest[0]:
+                closest = smallest
+            if progress:
+                progress(evaluated, total)
+    evaluate_s = time.perf_counter() - start
+    if evaluated - feasible:
+        rejected[MEMORY_RULE] = evaluated - feasible
+    top = []
+    if best:
+        _, _, cands, out = best[0]
+        # ties (e.g. selective recompute with flash attention changes nothing) list the simpler plan first
+        order = np.lexsort((cands.recompute, cands.zero, out["mem_GiB"], -out["tokens_per_s"]))
+        top = [(cands.plan(int(i)), {k: _scalar(v[i]) for k, v in out.items()}) for i in order[:top_k]]
+    near = None
+    if not top and closest is not None:
+        near = (closest[1].plan(0), {k: _scalar(v[0]) for k, v in closest[2].items()})
+        examples[MEMORY_RULE] = (f"the smallest plan needs {closest[0]:.1f} GiB per GPU of "
+                                 f"{system.accelerator.capacity_bytes / 2**30:.1f} GiB")
+    return SearchResult(top=top, evaluated=evaluated, feasible=feasible, rejected=rejected, examples=examples,
+                        enumerate_s=enumerate_s, evaluate_s=evaluate_s, closest=near)
+
+
+def _scalar(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+def _top(cands: Candidates, out: dict[str, np.ndarray], ok: np.ndarray, k: int):
+    index = np.nonzero(ok)[0]
+    if len(index) > k:
+        index = index[np.argpartition(-out["tokens_per_s"][index], k - 1)[:k]]
+    return (0.0, 0, cands.subset(index), {key: value[index] for key, value in out.items()})
+
+
+def _merge(parts: Sequence[tuple], k: int):
+    """Keep the k best of several partial top lists."""
+    from stepscope.perfmodel.candidates import concatenate
+
+    cands = concatenate([p[2] for p in parts])
+    out = {key: np.concatenate([p[3][key] for p in parts]) for key in parts[0][3]}
+    return _top(cands, out, np.ones(len(cands), dtype=bool), k)

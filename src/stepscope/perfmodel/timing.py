@@ -1,0 +1,104 @@
+"""From op counts to seconds: roofline per op, exposed communication, pipeline bubble, data-parallel
+overlap and the optimizer step (scalar reference; `vectorized.py` has the array form).
+
+- An op takes max(compute, memory) + kernels x overhead, where compute = FLOPs / (peak·η(FLOPs per
+  kernel)) for matrix ops (η from the system's efficiency curve, times `flash_efficiency` for fused
+  attention) and FLOPs / vector peak for elementwise ops; memory = bytes / (HBM bandwidth·efficiency).
+- A tensor/context-parallel collective is exposed, unless the plan overlaps it with its op, in which case
+  only what exceeds the op's compute time shows.
+- Pipeline (1F1B, v virtual chunks): bubble = (p−1)/v x (forward + backward of one micro-batch on the
+  slowest stage), i.e. a fraction (p−1)/(v·m) of the m micro-batches' time.
+- Data-parallel reduction overlaps the last micro-batch's backward, except the last bucket, which can
+  only start when backward ends: exposed = max(reduce − backward window, last bucket) when overlapped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from stepscope.perfmodel.ops import Cost
+from stepscope.spec.system import Accelerator
+
+DEFAULT_BUCKET_MIB = 25.0  # PyTorch DDP's default bucket_cap_mb
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """Time of one direction of an op, split into its roofline terms."""
+
+    compute_s: float
+    memory_s: float
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.overhead_s
+
+
+def op_time(cost: Cost, kind: str, accelerator: Accelerator, precision: str) -> OpTime:
+    """Roofline time of one op direction on `accelerator`."""
+    if kind == "vector":
+        compute = cost.flops / accelerator.vector_peak(precision)
+    else:
+        efficiency = accelerator.efficiency(cost.flops / max(cost.kernels, 1))
+        if kind == "attention":
+            efficiency *= accelerator.flash_efficiency
+        compute = cost.flops / (accelerator.matrix_peak(precision) * efficiency) if cost.flops else 0.0
+    memory = cost.bytes / accelerator.memory_bytes_per_s
+    return OpTime(compute, memory, cost.kernels * accelerator.kernel_overhead_us * 1e-6)
+
+
+def exposed(comm_s: float, compute_s: float, overlap: bool) -> float:
+    """Communication left on the critical path after overlapping it (or not) with `compute_s`."""
+    return max(0.0, comm_s - compute_s) if overlap else comm_s
+
+
+def bubble(pp: int, interleave: int, per_micro_batch_s: float) -> float:
+    """Idle time of the 1F1B schedule: (p−1)/v micro-batch slots."""
+    return (pp - 1) / interleave * per_micro_batch_s
+
+
+def bucket_layout(total_elements: float, cap_elements: float) -> list[float]:
+    """Size-based estimate of gradient buckets: full buckets of `cap_elements`, the remainder last."""
+    if total_elements <= 0:
+        return []
+    full = max(0, math.ceil(total_elements / cap_elements) - 1)
+    return [cap_elements] * full + [total_elements - full * cap_elements]
+
+
+def dp_exposed(bucket_times: Sequence[float], window_s: float, overlap: bool) -> float:
+    """Exposed gradient-reduction time: all of it, or what the backward window cannot hide (at least the
+    last bucket, which is launched when backward ends)."""
+    total = sum(bucket_times)
+    if not bucket_times:
+        return 0.0
+    if not overlap:
+        return total
+    return max(total - window_s, bucket_times[-1])
+
+
+def optimizer_bytes_per_param(precision: str, grad_bytes: int) -> float:
+    """Adam(W) streams: the gradient, m and v (read + write, fp32), the fp32 master weights (read +
+    write) and, in mixed precision, the 16-bit working copy (write)."""
+    from stepscope.spec import bytes_per_element
+
+    working = bytes_per_element(precision) if precision != "fp32" else 0
+    return grad_bytes + 2 * 8 + 2 * 4 + working
+
+
+OPTIMIZER_FLOPS_PER_PARAM = 12.0  # Adam: moments, bias corrections, sqrt, division, weight decay, update
+OPTIMIZER_KERNELS_PER_TENSOR = 1  # one fused (foreach / multi-tensor) pass per parameter tensor
+
+
+def optimizer_time(params: float, tensors: int, precision: str, grad_bytes: int,
+                   accelerator: Accelerator) -> OpTime:
+    """The Adam step over `params` local parameters held in `tensors` tensors."""
+    cost = Cost(flops=OPTIMIZER_FLOPS_PER_PARAM * params,
+                bytes=params * optimizer_bytes_per_param(precision, grad_bytes),
+                kernels=OPTIMIZER_KERNELS_PER_TENSOR * tensors)
+    # the update runs in fp32 whatever the model precision (when the system lists an fp32 rate)
+    rate = accelerator.vector_peak("fp32" if "fp32" in accelerator.vector_TFLOPps else precision)
+    return OpTime(cost.flops / rate, cost.bytes / accelerator.memory_bytes_per_s,
+                  cost.kernels * accelerator.kernel_overhead_us * 1e-6)

@@ -1,0 +1,104 @@
+"""Predict the published measured runs shipped with stepscope and report the error of each.
+
+Data: `stepscope/data/validation/narayanan2021_table1.csv` (Narayanan et al. 2021, Table 1: Megatron-LM GPT
+on DGX A100 80GB, seq 2048, vocab 51200, mixed precision, full recomputation). Every run is predicted
+from first principles with the shipped A100-80GB preset and these documented assumptions (the table does
+not give them; none is fitted per row):
+- the model: GPT-2 architecture (LayerNorm, GELU MLP 4h, learned positions, tied embeddings, biases) with
+  the row's hidden size, layers and heads; dropout on (Megatron's GPT default 0.1);
+- the software of 2021: fp16 mixed precision with fp32 main gradients, no flash attention (fused
+  scale-mask-softmax, the s x s scores are materialized), no sequence parallelism, no distributed optimizer,
+  gradient all-reduce after the backward pass (not overlapped), tensor-parallel all-reduces exposed;
+- micro-batch size 1 and the plain (non-interleaved) 1F1B schedule (ASSUMED: Megatron-LM's published GPT
+  scripts for these sizes use micro-batch 1);
+- placement: tensor parallelism inside the 8-GPU NVLink domain, then data, then pipeline parallelism
+  (Megatron-LM's rank order).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from importlib import resources
+from statistics import median
+from typing import Any
+
+from stepscope.perfmodel.evaluate import Prediction, evaluate
+from stepscope.spec import ModelSpec, Workload, get_preset
+from stepscope.spec.plan import ParallelPlan
+from stepscope.spec.system import SystemSpec, load_system
+
+DATASETS = ("narayanan2021_table1",)
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One measured run from a paper."""
+
+    source: str
+    model: ModelSpec
+    workload: Workload
+    plan: ParallelPlan
+    measured_step_s: float
+    measured_tflops_per_gpu: float
+    label: str
+
+    @property
+    def published_flops(self) -> float:
+        """The paper's FLOPs per iteration: 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h)) (full recomputation)."""
+        spec, w = self.model, self.workload
+        h, layers = spec.d_model, spec.n_layers
+        return 96.0 * w.batch * w.seq * layers * h * h * (1 + w.seq / (6 * h) + spec.vocab_size / (16 * layers * h))
+
+
+def load_dataset(name: str = "narayanan2021_table1") -> list[PublishedRun]:
+    """The runs of one shipped dataset, turned into (model, workload, plan) with the assumptions above."""
+    text = (resources.files("stepscope") / "data" / "validation" / f"{name}.csv").read_text(encoding="utf-8")
+    rows = csv.DictReader(io.StringIO("\n".join(line for line in text.splitlines() if not line.startswith("#"))))
+    runs = []
+    for row in rows:
+        hidden, layers, heads = int(row["hidden"]), int(row["layers"]), int(row["heads"])
+        model = get_preset("megatron-1.7b", d_model=hidden, n_layers=layers, n_heads=heads, d_ff=4 * hidden)
+        model = model.replace(name=f"gpt-{row['params_billion']}b")
+        workload = Workload(batch=int(row["global_batch"]), seq=2048, precision="fp16", mode="train")
+        plan = ParallelPlan(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), micro_batch=1,
+                            recompute="full", flash_attention=False, dropout=True, fp32_grads=True,
+                            dp_overlap=False, tp_overlap=False, placement=("tp", "dp", "cp", "pp"))
+        runs.append(PublishedRun(source=name, model=model, workload=workload, plan=plan,
+                                 measured_step_s=float(row["iteration_s"]),
+                                 measured_tflops_per_gpu=float(row["tflops_per_gpu"]),
+                                 label=f"{row['params_billion']}B"))
+    return runs
+
+
+@dataclass(frozen=True)
+class ValidationRow:
+    run: PublishedRun
+    prediction: Prediction
+
+    @property
+    def error(self) -> float:
+        """Relative error of the predicted step time: (predicted − measured) / measured."""
+        return (self.prediction.step_s - self.run.measured_step_s) / self.run.measured_step_s
+
+    def row(self) -> dict[str, Any]:
+        p, run = self.prediction, self.run
+        # like with like: the paper's own FLOP count (with recomputation) over the predicted time
+        predicted_tflops = run.published_flops / p.step_s / run.plan.gpus / 1e12
+        return {"run": run.label, "gpus": run.plan.gpus, "plan": f"tp{run.plan.tp} pp{run.plan.pp} dp{run.plan.dp}",
+                "batch": run.workload.batch, "measured_step_s": run.measured_step_s, "predicted_step_s": p.step_s,
+                "error_pct": 100 * self.error, "measured_tflops_per_gpu": run.measured_tflops_per_gpu,
+                "predicted_tflops_per_gpu": predicted_tflops, "bubble_pct": 100 * p.phases["bubble"] / p.step_s,
+                "comm_pct": 100 * (p.breakdown["tp_comm"] + p.breakdown["pp_comm"] + p.breakdown["dp_comm"]) / p.step_s,
+                "mem_GiB": p.memory.total / 2**30}
+
+
+def validate(system: SystemSpec | None = None, dataset: str = "narayanan2021_table1") -> list[ValidationRow]:
+    """Predict every run of `dataset` on `system` (default: the shipped A100-80GB preset)."""
+    system = system or load_system("A100-80GB")
+    return [ValidationRow(run, evaluate(run.model, run.workload, run.plan, system)) for run in load_dataset(dataset)]
+
+
+def median_abs_error(rows: list[ValidationRow]) -> float:
+    return median(abs(r.error) for r in rows)

@@ -1,0 +1,147 @@
+"""Evaluate many plans at once with numpy: the same model as `evaluate.py`, written over arrays.
+
+`evaluate_many(spec, workload, system, candidates)` returns every output of the reference evaluation
+(step time, phases, breakdown, MFU, memory, feasibility) as arrays, one element per plan. It works in two
+levels: `vectorized_terms.group_terms` computes everything that does not depend on the ZeRO stage or the
+recompute mode; this file assembles the pipeline stages, the data-parallel exposure, the optimizer and the
+memory for each candidate. With `group_size=k` the caller promises that each run of k consecutive
+candidates differs only in ZeRO stage and recompute mode (what a search produces): the group terms are
+then computed once per run and broadcast, which is what makes a search evaluate millions of plans per
+second. `tests/perfmodel/test_vectorized.py` checks both ways against the op-by-op reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepscope.perfmodel.candidates import Candidates
+from stepscope.perfmodel.timing import DEFAULT_BUCKET_MIB
+from stepscope.perfmodel.vectorized_terms import Machine, group_terms
+from stepscope.spec import ModelSpec, Workload, bytes_per_element
+from stepscope.spec.system import SystemSpec
+
+GiB = 2.0**30
+
+
+def evaluate_many(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candidates, *, group_size: int = 1,
+                  bucket_cap_MiB: float = DEFAULT_BUCKET_MIB) -> dict[str, np.ndarray]:
+    """Every output of `evaluate.evaluate` for every candidate (arrays, one element per plan)."""
+    n = len(c)
+    if n % group_size:
+        raise ValueError(f"{n} candidates do not split into groups of {group_size}")
+    representatives = c if group_size == 1 else c.subset(slice(None, None, group_size))
+    terms = group_terms(spec, workload, system, representatives, bucket_cap_MiB)
+    # groups on axis 0, the members of a group (ZeRO stage x recompute mode) on axis 1
+    T = {name: value.reshape(-1, 1) for name, value in terms.items()}
+    zero, rec = c.zero.reshape(-1, group_size), c.recompute.reshape(-1, group_size)
+    out = _assemble(spec, workload, system, c, T, zero, rec)
+    return {name: np.broadcast_to(value, zero.shape).reshape(n) for name, value in out.items()}
+
+
+def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, np.ndarray],
+              zero: np.ndarray, rec: np.ndarray) -> dict[str, np.ndarray]:
+    mode, seq = workload.mode, workload.seq
+    backward = mode != "fwd"
+    mc = Machine.of(system, workload.precision)
+    e = bytes_per_element(workload.precision)
+    m, layers, single = T["m"], T["layers"], T["single"]
+
+    # ---- recomputation re-runs the layer forward (full) or the unfused attention core (selective) -----
+    if backward:
+        rec_compute = np.where(rec == 2, T["fwd"], np.where(rec == 1, T["sel_fwd"], 0.0))
+        rec_tp = np.where(rec == 2, T["tp_fwd"], 0.0)
+        rec_cp = np.where(rec == 2, T["cp_fwd"], np.where(rec == 1, T["sel_cp"], 0.0))
+    else:
+        rec_compute = rec_tp = rec_cp = np.zeros(rec.shape)
+
+    # ---- pipeline stages, per micro-batch: (compute, tp, cp) forward and backward ---------------------
+    lf = (T["fwd"], T["tp_fwd"], T["cp_fwd"])
+    lb = (T["bwd"] + rec_compute, T["tp_bwd"] + rec_tp, T["cp_bwd"] + rec_cp)
+
+    def stage(extra_f, extra_b):
+        return ((lf[0] * layers + extra_f[0], lf[1] * layers + extra_f[1], lf[2] * layers),
+                (lb[0] * layers + extra_b[0], lb[1] * layers + extra_b[1], lb[2] * layers))
+
+    first_f, last_f = (T["first_fwd"], T["first_fwd_tp"]), (T["last_fwd"], T["last_fwd_tp"])
+    first_b, last_b = (T["first_bwd"], 0.0), (T["last_bwd"], T["last_bwd_tp"])
+    one_f, one_b = stage((first_f[0] + last_f[0], first_f[1] + last_f[1]),
+                         (first_b[0] + last_b[0], first_b[1] + last_b[1]))
+    a_f, a_b = stage(first_f, first_b)
+    z_f, z_b = stage(last_f, last_b)
+    use_last = (sum(z_f) + sum(z_b)) > (sum(a_f) + sum(a_b))  # the slower stage sets the pace
+    sf = [np.where(single, one_f[i], np.where(use_last, z_f[i], a_f[i])) for i in range(3)]
+    sb = [np.where(single, one_b[i], np.where(use_last, z_b[i], a_b[i])) for i in range(3)]
+    stage_fwd, stage_bwd = sf[0] + sf[1] + sf[2], sb[0] + sb[1] + sb[2]
+    stage_rec = rec_compute * layers
+    p2p_fwd, p2p_bwd = T["p2p_fwd"], T["p2p_bwd"]
+
+    # ---- data parallelism: reduction (overlapped except the last bucket), ZeRO parameter gathers ------
+    is_ar = zero == 0
+    full_t = np.where(is_ar, T["ar_full"], T["rs_full"])
+    last_t = np.where(is_ar, T["ar_last"], T["rs_last"])
+    total_t = T["n_full"] * full_t + last_t
+    reduce_s = np.maximum(total_t - stage_bwd, last_t) if c.dp_overlap else total_t
+    weights_s, first_bucket = T["weights_s"], T["first_bucket"]
+    if c.dp_overlap:
+        z3 = m * (np.maximum(weights_s - stage_fwd, first_bucket) + np.maximum(weights_s - stage_bwd, first_bucket))
+        z12 = np.maximum(weights_s - stage_fwd, first_bucket)
+    else:
+        z3, z12 = m * 2 * weights_s, weights_s
+    has_dp = (T["dp"] > 1) & backward
+    reduce_s = np.where(has_dp, reduce_s, 0.0)
+    gather_s = np.where(has_dp & (zero == 3), z3, np.where(has_dp & (zero >= 1) & (mode == "train"), z12, 0.0))
+    optimizer_s = np.where(zero >= 1, T["opt_sharded"], T["opt_full"])
+
+    # ---- phases and breakdown ---------------------------------------------------------------------------
+    bubble_s = (T["pp"] - 1) / T["v"] * (stage_fwd + stage_bwd + p2p_fwd + p2p_bwd)
+    z3_mask = zero == 3
+    out = {"forward_ms": 1e3 * m * (stage_fwd + p2p_fwd),
+           "backward_ms": 1e3 * (m * (stage_bwd + p2p_bwd) + reduce_s + np.where(z3_mask, gather_s, 0.0)),
+           "optimizer_ms": 1e3 * (optimizer_s + np.where(z3_mask, 0.0, gather_s)),
+           "bubble_ms": 1e3 * bubble_s,
+           "forward_compute_s": m * sf[0], "backward_compute_s": m * (sb[0] - stage_rec),
+           "recompute_s": m * stage_rec, "tp_comm_s": m * (sf[1] + sb[1]), "cp_comm_s": m * (sf[2] + sb[2]),
+           "pp_comm_s": m * (p2p_fwd + p2p_bwd), "bubble_s": bubble_s, "dp_comm_s": reduce_s + gather_s,
+           "optimizer_s": optimizer_s}
+    step = (out["forward_ms"] + out["backward_ms"] + out["optimizer_ms"] + out["bubble_ms"]) / 1e3
+    out["step_s"] = step
+    out["tokens_per_s"] = workload.batch * seq / step
+    model_flops = workload.batch * seq * (spec.flops_per_token(seq) if backward else spec.forward_flops_per_token(seq))
+    recomputed = np.where(rec == 2, T["flops_full"], np.where(rec == 1, T["flops_selective"], 0.0))
+    hardware_flops = model_flops + (recomputed * layers * m * T["gpus"] if backward else 0.0)
+    out["mfu_pct"] = 100 * model_flops / (step * T["gpus"] * mc.peak)
+    out["hfu_pct"] = 100 * hardware_flops / (step * T["gpus"] * mc.peak)
+    out.update(_memory(workload, system, c, T, zero, rec, e))
+    return out
+
+
+def _memory(workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, np.ndarray], zero: np.ndarray,
+            rec: np.ndarray, e: int) -> dict[str, np.ndarray]:
+    """memory.py over arrays: state bytes by ZeRO stage, activations by recompute mode, fullest stage."""
+    dp, layers, single = T["dp"], T["layers"], T["single"]
+    gb = 4 if c.fp32_grads else e
+    optimizer_bytes = 8.0 + (4.0 if workload.precision != "fp32" else 0.0)  # m, v (+ fp32 master weights)
+    w = np.where(zero >= 3, e / dp, float(e))
+    g = np.where(zero >= 2, gb / dp, float(gb))
+    o = np.where(zero >= 1, optimizer_bytes / dp, optimizer_bytes)
+    per_layer = np.where(rec == 2, T["act_full"], np.where(rec == 1, T["act_selective"], T["act_none"]))
+    working = np.where(rec == 2, T["act_none"], 0.0) + np.where(zero >= 3, 2 * T["layer_params"] * e, 0.0)
+    held, head_act = T["held"], T["head_act"]
+    per_param = w + g + o
+    one = (T["one_params"], per_layer * layers * held + working + head_act)
+    first = (T["first_params"], per_layer * layers * held + working)
+    last = (T["last_params"], per_layer * layers + working + head_act)
+    use_last = last[0] * per_param + last[1] > first[0] * per_param + first[1]
+    params = np.where(single, one[0], np.where(use_last, last[0], first[0]))
+    activations = np.where(single, one[1], np.where(use_last, last[1], first[1]))
+    weights, grads, optimizer = params * w, params * g, params * o
+    if workload.mode != "train":
+        optimizer = np.zeros(optimizer.shape)
+        if workload.mode == "fwd":
+            grads = np.zeros(grads.shape)
+            activations = np.broadcast_to(T["act_forward_only"], weights.shape)
+    total = weights + grads + optimizer + activations
+    capacity = system.accelerator.capacity_bytes
+    return {"weights_GiB": weights / GiB, "grads_GiB": grads / GiB, "optimizer_GiB": optimizer / GiB,
+            "activations_GiB": activations / GiB, "mem_GiB": total / GiB,
+            "capacity_GiB": np.full(total.shape, capacity / GiB), "feasible": total <= capacity}

@@ -1,0 +1,176 @@
+"""`ParallelPlan`: how one training step is spread over GPUs and executed, and the rules a plan must obey.
+
+Pure Python. The rules live in one table (`CONSTRAINTS`) used twice: `ParallelPlan.check` raises on
+the first broken rule with a one-line explanation ("tp=3 does not divide n_heads=32"), and the planner
+evaluates the same predicates on numpy arrays of candidates (they only use `%`, `//`, `==`, `>`, `&`, `|`,
+which work on ints and on arrays alike) to count which rule excluded how many candidates.
+
+Placement: ranks are numbered with the dimensions nested in `placement` order, innermost first. The
+default ("tp", "cp", "dp", "pp") keeps tensor-parallel groups inside an NVLink domain, as Megatron-LM does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from stepscope.errors import UsageError
+
+RECOMPUTE = ("none", "selective", "full")
+DIMENSIONS = ("tp", "cp", "dp", "pp")
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """Parallel layout and execution strategy of one training step."""
+
+    dp: int = 1
+    """Data-parallel replicas."""
+    tp: int = 1
+    """Tensor-parallel (Megatron 1-D) group size."""
+    pp: int = 1
+    """Pipeline stages (1F1B schedule)."""
+    cp: int = 1
+    """Context-parallel group size (the sequence is split, K/V are exchanged)."""
+    sequence_parallel: bool = False
+    """Shard norms, dropout and residuals over the TP group (all-gather/reduce-scatter instead of all-reduce)."""
+    zero: int = 0
+    """ZeRO stage: 0 none, 1 optimizer state sharded (= Megatron distributed optimizer), 2 + grads, 3 + weights."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective (attention core), full (whole layer)."""
+    interleave: int = 1
+    """Virtual pipeline chunks per stage (interleaved 1F1B); 1 = plain 1F1B."""
+    micro_batch: int = 1
+    """Sequences per micro-batch per data-parallel replica."""
+    flash_attention: bool = True
+    """One fused attention kernel (no s x s matrices stored) instead of scores/softmax/dropout/values ops."""
+    dropout: bool = False
+    """The run applies dropout (as Megatron GPT runs do): masks are stored and streamed."""
+    fp32_grads: bool = False
+    """Gradients are accumulated and reduced in fp32 (Megatron's main_grad) instead of the model precision."""
+    dp_overlap: bool = True
+    """Gradient reduction overlaps the last micro-batch's backward (all but the last bucket)."""
+    tp_overlap: bool = False
+    """Tensor/context-parallel collectives overlap the matrix op they belong to."""
+    placement: tuple[str, ...] = DIMENSIONS
+    """Order in which the dimensions are nested on rank numbers, innermost first."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "cp", "interleave", "micro_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise UsageError(f"{name} must be a positive integer, got {value!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise UsageError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.recompute not in RECOMPUTE:
+            raise UsageError(f"recompute must be one of {'|'.join(RECOMPUTE)}, got {self.recompute!r}")
+        if tuple(sorted(self.placement)) != tuple(sorted(DIMENSIONS)):
+            raise UsageError(f"placement must order all of {','.join(DIMENSIONS)}, got {','.join(self.placement)}")
+        object.__setattr__(self, "placement", tuple(self.placement))
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def size(self, dimension: str) -> int:
+        return getattr(self, dimension)
+
+    def stride(self, dimension: str) -> int:
+        """Rank distance between neighbours of a group of `dimension` (product of the sizes inside it)."""
+        stride = 1
+        for inner in self.placement:
+            if inner == dimension:
+                return stride
+            stride *= self.size(inner)
+        raise KeyError(dimension)  # pragma: no cover - placement is validated
+
+    def micro_batches(self, global_batch: int) -> int:
+        """Micro-batches each pipeline processes per step (gradient-accumulation steps)."""
+        return global_batch // (self.dp * self.micro_batch)
+
+    def replace(self, **changes: Any) -> "ParallelPlan":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["placement"] = ",".join(self.placement)
+        return data
+
+    def describe(self) -> str:
+        extras = [f"sp" if self.sequence_parallel else "", f"zero{self.zero}" if self.zero else "",
+                  f"recompute {self.recompute}" if self.recompute != "none" else "",
+                  f"v{self.interleave}" if self.interleave > 1 else "", "" if self.flash_attention else "no-flash"]
+        return (f"dp{self.dp} tp{self.tp} pp{self.pp} cp{self.cp} mb{self.micro_batch} "
+                + " ".join(e for e in extras if e)).strip()
+
+    def check(self, model: Any, global_batch: int, seq: int, gpus: int | None = None) -> "ParallelPlan":
+        """Raise UsageError naming the first broken rule; returns self so calls can chain."""
+        if gpus is not None and self.gpus != gpus:
+            raise UsageError(f"dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = {self.gpus} "
+                             f"but {gpus} GPUs were given")
+        facts = Facts.of(model, global_batch, seq)
+        for constraint in CONSTRAINTS:
+            if not constraint.test(self, facts):
+                raise UsageError(constraint.message(self, facts))
+        return self
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The model and workload numbers the rules refer to."""
+
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    n_layers: int
+    global_batch: int
+    seq: int
+
+    @classmethod
+    def of(cls, model: Any, global_batch: int, seq: int) -> "Facts":
+        return cls(model.n_heads, model.n_kv_heads, model.d_ff, model.n_layers, global_batch, seq)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One rule: a predicate on (plan, facts) that also works element-wise on arrays, and its explanation."""
+
+    name: str
+    test: Callable[[Any, Facts], Any]
+    message: Callable[[Any, Facts], str]
+
+
+def _local_batch(p: Any, f: Facts) -> Any:
+    return f.global_batch // p.dp
+
+
+CONSTRAINTS: tuple[Constraint, ...] = (
+    Constraint("tp divides n_heads", lambda p, f: f.n_heads % p.tp == 0,
+               lambda p, f: f"tp={p.tp} does not divide n_heads={f.n_heads}"),
+    Constraint("tp divides n_kv_heads", lambda p, f: f.n_kv_heads % p.tp == 0,
+               lambda p, f: f"tp={p.tp} does not divide n_kv_heads={f.n_kv_heads}"),
+    Constraint("tp divides d_ff", lambda p, f: f.d_ff % p.tp == 0,
+               lambda p, f: f"tp={p.tp} does not divide d_ff={f.d_ff}"),
+    Constraint("pp divides n_layers", lambda p, f: f.n_layers % p.pp == 0,
+               lambda p, f: f"pp={p.pp} does not divide n_layers={f.n_layers}"),
+    Constraint("interleave divides layers per stage", lambda p, f: (f.n_layers // p.pp) % p.interleave == 0,
+               lambda p, f: f"interleave={p.interleave} does not divide the {f.n_layers // p.pp} layers "
+                            f"per pipeline stage"),
+    Constraint("interleave needs pp > 1", lambda p, f: (p.interleave == 1) | (p.pp > 1),
+               lambda p, f: f"interleave={p.interleave} needs pipeline parallelism (pp > 1)"),
+    Constraint("cp splits the sequence", lambda p, f: (p.cp == 1) | (f.seq % (2 * p.cp) == 0),
+               lambda p, f: f"cp={p.cp} needs seq divisible by 2*cp={2 * p.cp} (load-balanced causal split), "
+                            f"got seq={f.seq}"),
+    Constraint("dp divides global batch", lambda p, f: f.global_batch % p.dp == 0,
+               lambda p, f: f"dp={p.dp} does not divide the global batch {f.global_batch}"),
+    Constraint("micro-batch divides local batch", lambda p, f: _local_batch(p, f) % p.micro_batch == 0,
+               lambda p, f: f"micro_batch={p.micro_batch} does not divide the {_local_batch(p, f)} sequences "
+                            f"per data-parallel replica"),
+    Constraint("interleave needs micro-batches divisible by pp",
+               lambda p, f: (p.interleave == 1) | ((_local_batch(p, f) // p.micro_batch) % p.pp == 0),
+               lambda p, f: f"interleave={p.interleave} needs the {_local_batch(p, f) // p.micro_batch} "
+                            f"micro-batches to be a multiple of pp={p.pp}"),
+    Constraint("sequence parallel needs tp > 1", lambda p, f: (p.sequence_parallel == False) | (p.tp > 1),  # noqa: E712
+               lambda p, f: "sequence_parallel needs tensor parallelism (tp > 1)"),
+)

@@ -1,0 +1,132 @@
+"""predict, plan, calibrate, compare and validate end to end: output, records, bad input (one line, exit 2)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from stepscope.results.store import RecordStore, make_record, read_records
+from tests.perfmodel.test_calibrate import KNOTS, TRUE, synthetic_points
+
+
+def test_predict_prints_totals_breakdown_and_per_layer_table(cli, tmp_path):
+    code, out, err = cli("predict", "--model", "gpt3-175b", "--system", "A100-80GB", "--gpus", "1024", "--tp", "8",
+                         "--pp", "16", "--global-batch", "1536", "--recompute", "full", "--per-layer",
+                         "--out", tmp_path)
+    assert code == 0, err
+    for text in ("step_s", "mfu_pct", "where the step goes", "tp_comm", "bubble", "flash_attention", "mlp x6",
+                 "AR tp8"):
+        assert text in out
+    (record,) = read_records(tmp_path / "predict.jsonl")
+    assert record["config"]["plan"]["dp"] == 8 and record["metrics"]["step_s"] > 0
+    assert 0 < record["metrics"]["mfu_pct"] < record["metrics"]["hfu_pct"] < 100
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "llama3-8b", "--tp", "3"], "tp=3 does not divide n_heads=32"),
+    (["--system", "H900"], "unknown system 'H900'"),
+    (["--gpus", "12", "--tp", "8"], "does not divide --gpus 12"),
+    (["--tp", "2,4"], "--tp takes one value here"),
+    (["--recompute", "some"], "invalid choice 'some'"),
+    (["--flash", "maybe"], "choose yes or no"),
+    (["--buckets", "magic"], "invalid choice 'magic'"),
+    (["--seq", "4096"], "exceeds the model's context_length"),
+    (["--precision", "fp16", "--system", "CPU-fp16-less"], "no such system file"),
+])
+def test_predict_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
+    argv = [a.replace("CPU-fp16-less", str(tmp_path / "missing.toml")) for a in args]
+    code, out, err = cli("predict", "--out", tmp_path, *argv)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "predict.jsonl").exists() or read_records(tmp_path) == []
+
+
+def test_predict_with_the_ddp_bucket_planners_layout(cli, tmp_path):
+    code, out, err = cli("predict", "--model", "gpt2", "--gpus", "8", "--global-batch", "32", "--micro-batch", "4",
+                         "--seq", "1024", "--buckets", "torch", "--out", tmp_path)
+    assert code == 0, err
+    (record,) = read_records(tmp_path / "predict.jsonl")
+    assert record["config"]["buckets"] == "torch" and record["metrics"]["dp_comm_s"] > 0
+
+
+def test_malformed_system_toml_is_one_line(cli, tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[accelerator\n")
+    code, _, err = cli("predict", "--system", path, "--out", tmp_path)
+    assert code == 2 and "malformed TOML" in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_prints_its_rate_and_only_feasible_plans(cli, tmp_path):
+    code, out, err = cli("plan", "--model", "megatron-1.7b", "--gpus", "16", "--global-batch", "64", "--top", "3",
+                         "--explain", "--out", tmp_path)
+    assert code == 0, err
+    assert "configs/s" in out and "top 3 feasible plans" in out and "why candidates were rejected" in out
+    records = read_records(tmp_path / "plan.jsonl")
+    assert [r["config"]["rank"] for r in records] == [1, 2, 3]
+    assert all(r["metrics"]["mem_GiB"] <= r["metrics"]["capacity_GiB"] for r in records)
+    assert records[0]["metrics"]["search_configs_per_s"] > 0
+
+
+def test_plan_without_feasible_candidate_names_the_constraint(cli, tmp_path):
+    code, out, err = cli("plan", "--model", "megatron-1t", "--gpus", "8", "--global-batch", "8", "--out", tmp_path)
+    assert code == 2 and "memory excluded all" in err and len(err.strip().splitlines()) == 1
+    code, _, err = cli("plan", "--model", "tiny", "--gpus", "8", "--out", tmp_path)
+    assert code == 2 and "plan needs --global-batch" in err
+
+
+def _write_step_records(folder, points):
+    store = RecordStore(folder, "step").check_writable()
+    for p in points:
+        config = {"model": p.model.name, **p.workload.to_dict(), "attention": p.attention, "threads": 2,
+                  "model_spec": p.model.to_dict()}
+        metrics = {f"{phase}_ms_median": 1e3 * s for phase, s in p.phases.items()}
+        metrics["gemm_GFLOPps"] = p.gemm_flops_per_s / 1e9
+        store.append(make_record("step", config, metrics, env={"cpu_model": "synthetic", "threads": 2}))
+
+
+def test_calibrate_writes_a_system_that_compare_uses(cli, tmp_path):
+    _write_step_records(tmp_path / "measured", synthetic_points(TRUE))
+    system = tmp_path / "fitted.toml"
+    code, out, err = cli("calibrate", tmp_path / "measured", "--system-out", system, "--knots",
+                         ",".join(map(str, KNOTS)), "--prior-weight", "0", "--out", tmp_path)
+    assert code == 0, err
+    assert "kernel_overhead_us" in out and "in-sample" in out and system.exists()
+    code, out, err = cli("compare", tmp_path / "measured", "--system", system, "--out", tmp_path)
+    assert code == 0, err
+    records = read_records(tmp_path / "compare.jsonl")
+    assert len(records) == len(synthetic_points())
+    assert all(abs(r["metrics"][f"{phase}_error_pct"]) < 0.01 for r in records for phase in ("forward", "backward"))
+    code, _, err = cli("compare", tmp_path / "measured", "--system", system, "--where", "seq=999", "--out", tmp_path)
+    assert code == 2 and "no usable step records" in err
+    code, _, err = cli("calibrate", tmp_path / "nowhere", "--out", tmp_path)
+    assert code == 2 and "no such results file or folder" in err
+    code, _, err = cli("compare", tmp_path / "measured", "--where", "seq", "--out", tmp_path)
+    assert code == 2 and "malformed filter" in err
+    code, _, err = cli("calibrate", tmp_path / "measured", "--prior-weight", "-1", "--out", tmp_path)
+    assert code == 2 and "--prior-weight must be >= 0" in err
+
+
+def test_compare_reads_real_step_records(cli, tmp_path):
+    code, _, err = cli("step", "--model", "tiny", "--batch", "2", "--seq", "16", "--mode", "fwd-bwd", "--warmup", "0",
+                       "--iters", "2", "--out", tmp_path)
+    assert code == 0, err
+    code, out, err = cli("compare", tmp_path, "--system", "CPU", "--out", tmp_path)
+    assert code == 0, err
+    assert "forward_error_pct" in out and "absolute error per phase" in out
+
+
+def test_validate_prints_the_median_error(cli, tmp_path):
+    code, out, err = cli("validate", "--out", tmp_path)
+    assert code == 0, err
+    assert "median absolute error" in out and "1008.0B" in out
+    assert len(read_records(tmp_path / "validate.jsonl")) == 10
+
+
+def test_the_performance_model_never_imports_torch():
+    code = ("import sys, pkgutil, importlib, stepscope.perfmodel as pm\n"
+            "for m in pkgutil.iter_modules(pm.__path__): importlib.import_module('stepscope.perfmodel.' + m.name)\n"
+            "import stepscope.spec.system, stepscope.spec.plan\n"
+            "from stepscope.perfmodel.validate import validate; validate()\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,85 @@
+"""The plan search: only valid, feasible plans, ranked correctly, equal to a brute-force scalar search."""
+
+import dataclasses
+import itertools
+
+import pytest
+
+from stepscope.errors import UsageError
+from stepscope.perfmodel import evaluate
+from stepscope.perfmodel.candidates import PLACEMENTS, canonical_placements
+from stepscope.perfmodel.search import MEMORY_RULE, SearchSpace, search
+from stepscope.spec import Workload, get_preset
+from stepscope.spec.plan import DIMENSIONS, ParallelPlan
+from stepscope.spec.system import load_system
+
+SPEC = get_preset("small")
+_CPU = load_system("CPU")
+SYSTEM = _CPU.replace(accelerator=dataclasses.replace(_CPU.accelerator, hbm_GiB=9.0))  # some plans fit, some not
+WORKLOAD = Workload(batch=32, seq=1024, precision="fp32", mode="train")
+SPACE = SearchSpace(tp=(1, 2, 4), pp=(1, 2, 4), cp=(1, 2), micro_batch=(1, 8, 32), interleave=(1, 2), zero=(0, 3),
+                    recompute=("none", "full"), sequence_parallel=(False, True), flash_attention=(True, False))
+
+
+def brute_force(gpus: int) -> dict:
+    """Every plan of SPACE on every one of the 24 placements, evaluated one by one with the reference."""
+    distinct = {}
+    for tp, pp, cp, mb, v, zero, rec, sp, flash, placement in itertools.product(
+            SPACE.tp, SPACE.pp, SPACE.cp, SPACE.micro_batch, SPACE.interleave, SPACE.zero, SPACE.recompute,
+            SPACE.sequence_parallel, SPACE.flash_attention, PLACEMENTS):
+        if gpus % (tp * pp * cp):
+            continue
+        plan = ParallelPlan(dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp, micro_batch=mb, interleave=v, zero=zero,
+                            recompute=rec, sequence_parallel=sp, flash_attention=flash, placement=placement)
+        try:
+            plan.check(SPEC, WORKLOAD.batch, WORKLOAD.seq)
+        except UsageError:
+            continue
+        p = evaluate(SPEC, WORKLOAD, plan, SYSTEM)
+        if p.memory.feasible:
+            # placements that give every group the same stride are the same placement
+            key = (plan.replace(placement=DIMENSIONS), tuple(plan.stride(d) for d in DIMENSIONS if plan.size(d) > 1))
+            distinct[key] = p.tokens_per_s
+    return distinct
+
+
+def test_search_equals_brute_force_and_returns_only_feasible_valid_plans():
+    result = search(SPEC, WORKLOAD, SYSTEM, 4, SPACE, top_k=5, threads=2)
+    expected = brute_force(4)
+    assert result.feasible == len(expected) > 0
+    assert result.evaluated > result.feasible and result.rejected[MEMORY_RULE] == result.evaluated - result.feasible
+    speeds = [m["tokens_per_s"] for _, m in result.top]
+    assert speeds == sorted(speeds, reverse=True)
+    assert speeds[0] == pytest.approx(max(expected.values()), rel=1e-9)
+    for plan, metrics in result.top:
+        plan.check(SPEC, WORKLOAD.batch, WORKLOAD.seq, gpus=4)
+        p = evaluate(SPEC, WORKLOAD, plan, SYSTEM)
+        assert p.memory.feasible and metrics["feasible"]
+        assert metrics["tokens_per_s"] == pytest.approx(p.tokens_per_s, rel=1e-9)
+        assert metrics["mem_GiB"] == pytest.approx(p.memory.total / 2**30, rel=1e-9)
+
+
+def test_canonical_placements_are_k_factorial():
+    assert len(canonical_placements({"tp": 8, "cp": 1, "dp": 4, "pp": 2})) == 6
+    assert len(canonical_placements({"tp": 1, "cp": 1, "dp": 1, "pp": 1})) == 1
+    assert len(canonical_placements({"tp": 2, "cp": 2, "dp": 2, "pp": 2})) == 24
+
+
+def test_no_feasible_plan_names_the_constraint():
+    result = search(get_preset("megatron-1t"), Workload(batch=8, seq=2048, precision="bf16"),
+                    load_system("A100-80GB"), 8, SearchSpace(interleave=(1, 3)))
+    assert result.top == [] and result.evaluated > 0 and result.closest is not None
+    message = result.why_none()
+    assert "memory excluded all" in message and "GiB per GPU" in message and "\n" not in message
+    assert "interleave=3 does not divide" in message
+
+
+def test_rejection_counts_follow_the_rules():
+    space = SearchSpace(tp=(1, 3), pp=(1,), micro_batch=(1,), interleave=(1,), zero=(0,), recompute=("none",),
+                        sequence_parallel=(False,), placements=False)
+    result = search(get_preset("llama3-8b"), Workload(batch=8, seq=256, precision="bf16"), load_system("H100-SXM"),
+                    3, space)
+    assert result.rejected["tp divides n_heads"] == 1 and result.examples["tp divides n_heads"] == \
+        "tp=3 does not divide n_heads=32"
+    assert result.rejected["dp divides global batch"] == 1  # tp=1 leaves dp=3
+    assert result.evaluated == 0 and "no valid plan" in result.why_none()

@@ -1,0 +1,129 @@
+"""Collective formulas, ZeRO memory per stage, pipeline bubble, data-parallel overlap, MFU sanity."""
+
+import pytest
+
+from stepscope.perfmodel import evaluate
+from stepscope.perfmodel.collectives import (all_gather, all_reduce, members_per_domain, p2p, reduce_scatter,
+                                             ring_all_reduce, tree_all_reduce)
+from stepscope.perfmodel.memory import state_bytes
+from stepscope.perfmodel.timing import bucket_layout, dp_exposed
+from stepscope.spec import Workload, get_preset
+from stepscope.spec.plan import ParallelPlan
+from stepscope.spec.system import load_system
+
+NET = load_system("A100-80GB").network
+B_I, A_I = NET.intra.bytes_per_s, NET.intra.latency_s
+B_E, A_E = NET.inter.bytes_per_s, NET.inter.latency_s
+S = 1e9
+
+
+def test_ring_all_reduce_keeps_the_factor_two_inside_one_tier():
+    # 8 ranks in one NVLink domain: 2(n-1)/n·S/B + 2(n-1)·α (the LBNL model dropped the 2 here)
+    assert ring_all_reduce(S, 8, 8, NET) == pytest.approx(2 * 7 / 8 * S / B_I + 14 * A_I)
+    assert all_reduce(S, 8, 8, NET) == pytest.approx(2 * 7 / 8 * S / B_I + 14 * A_I)
+
+
+def test_two_tier_all_reduce_and_reduce_scatter():
+    # 64 ranks, 8 per domain: NVLink part on S, NIC part on S/8
+    expected = 2 * 7 / 8 * S / B_I + 14 * A_I + 2 * 7 / 8 * (S / 8) / B_E + 14 * A_E
+    assert all_reduce(S, 64, 8, NET) == pytest.approx(expected)
+    rs = 7 / 8 * S / B_I + 7 * A_I + 7 / 8 * (S / 8) / B_E + 7 * A_E
+    assert reduce_scatter(S, 64, 8, NET) == pytest.approx(rs) and all_gather(S, 64, 8, NET) == pytest.approx(rs)
+    # one rank per domain: everything on the NICs
+    assert reduce_scatter(S, 4, 1, NET) == pytest.approx(3 / 4 * S / B_E + 3 * A_E)
+
+
+def test_tree_wins_for_small_messages_and_single_ranks_cost_nothing():
+    small = 1024.0
+    assert tree_all_reduce(small, 64, 8, NET) < ring_all_reduce(small, 64, 8, NET)
+    assert all_reduce(small, 64, 8, NET) == tree_all_reduce(small, 64, 8, NET)
+    assert all_reduce(S, 1, 1, NET) == reduce_scatter(S, 1, 1, NET) == 0.0
+    assert p2p(S, True, NET) == pytest.approx(A_I + S / B_I) and p2p(S, False, NET) == pytest.approx(A_E + S / B_E)
+
+
+def test_members_per_domain():
+    assert members_per_domain(8, 1, 8) == 8  # tp inside the node
+    assert members_per_domain(32, 8, 8) == 1  # dp across nodes after tp=8
+    assert members_per_domain(16, 2, 8) == 4  # straddles: 4 per domain
+    assert members_per_domain(1, 64, 8) == 1
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_zero_bytes_per_parameter(n):
+    def total(precision, zero, fp32_grads=False):
+        return state_bytes(precision, zero, n, fp32_grads).total
+
+    assert total("bf16", 0) == pytest.approx(16)
+    assert total("bf16", 1) == pytest.approx(4 + 12 / n)
+    assert total("bf16", 2) == pytest.approx(2 + 14 / n)
+    assert total("bf16", 3) == pytest.approx(16 / n)
+    assert total("bf16", 0, fp32_grads=True) == pytest.approx(18)
+    assert total("bf16", 1, fp32_grads=True) == pytest.approx(6 + 12 / n)  # Megatron distributed optimizer
+    assert total("fp32", 0) == pytest.approx(16) and total("fp32", 1) == pytest.approx(8 + 8 / n)
+
+
+def test_zero_memory_in_a_prediction_follows_the_stage():
+    spec, system = get_preset("llama3-8b"), load_system("H100-SXM")
+    workload = Workload(batch=64, seq=4096, precision="bf16", mode="train")
+    params = spec.param_count()
+    for zero, per_param in ((0, 16), (1, 4 + 12 / 8), (2, 2 + 14 / 8), (3, 16 / 8)):
+        p = evaluate(spec, workload, ParallelPlan(dp=8, zero=zero, micro_batch=1), system)
+        state = p.memory.weights + p.memory.grads + p.memory.optimizer
+        assert state == pytest.approx(params * per_param)
+
+
+@pytest.mark.parametrize("pp, v, batch", [(4, 1, 16), (4, 2, 32), (8, 4, 64)])
+def test_pipeline_bubble_is_p_minus_1_over_v_m(pp, v, batch):
+    spec = get_preset("gpt3-175b")
+    workload = Workload(batch=batch, seq=2048, precision="bf16", mode="fwd-bwd")
+    plan = ParallelPlan(tp=8, pp=pp, interleave=v, micro_batch=1)
+    p = evaluate(spec, workload, plan, load_system("A100-80GB"))
+    m = p.micro_batches
+    assert p.phases["bubble"] / (p.phases["forward"] + p.phases["backward"]) == pytest.approx((pp - 1) / (v * m))
+
+
+def test_data_parallel_overlap_hides_all_but_the_last_bucket():
+    buckets = bucket_layout(100e6, 30e6)
+    assert buckets == [30e6, 30e6, 30e6, 10e6]
+    times = [3.0, 3.0, 3.0, 1.0]
+    assert dp_exposed(times, window_s=100.0, overlap=True) == 1.0  # only the last bucket shows
+    assert dp_exposed(times, window_s=4.0, overlap=True) == 6.0  # the window is too short
+    assert dp_exposed(times, window_s=100.0, overlap=False) == 10.0
+    spec, system = get_preset("megatron-1.7b"), load_system("A100-80GB")
+    workload = Workload(batch=512, seq=2048, precision="bf16", mode="fwd-bwd")
+    overlapped = evaluate(spec, workload, ParallelPlan(dp=32, micro_batch=4), system)
+    serial = evaluate(spec, workload, ParallelPlan(dp=32, micro_batch=4, dp_overlap=False), system)
+    assert 0 < overlapped.breakdown["dp_comm"] < serial.breakdown["dp_comm"]
+    # a bucket layout passed in (e.g. from the DDP bucket planner) is used as given
+    layout = [spec.param_count() - 500_000_000, 500_000_000]
+    big_last = evaluate(spec, workload, ParallelPlan(dp=32, micro_batch=4), system, bucket_elements=layout)
+    assert big_last.breakdown["dp_comm"] > 10 * overlapped.breakdown["dp_comm"]
+
+
+def test_mfu_below_peak_and_hfu_counts_recompute():
+    spec, system = get_preset("gpt3-175b"), load_system("A100-80GB")
+    workload = Workload(batch=1536, seq=2048, precision="bf16", mode="train")
+    for recompute in ("none", "selective", "full"):
+        p = evaluate(spec, workload, ParallelPlan(dp=8, tp=8, pp=16, recompute=recompute, flash_attention=False),
+                     system)
+        assert 0 < p.mfu_pct < 100
+        assert (p.hfu_pct > p.mfu_pct) == (recompute != "none")
+    assert sum(p.breakdown.values()) == pytest.approx(p.step_s)
+
+
+def test_gradient_tensors_feed_the_ddp_bucket_planner():
+    """GPT-2 small under DDP defaults: 12 buckets of 7,087,872 floats and a last one of 39,385,344."""
+    from stepscope.dist.buckets import bucket_numels, plan_buckets
+    from stepscope.perfmodel.evaluate import gradient_tensors
+
+    spec = get_preset("gpt2")
+    workload = Workload(batch=8, seq=1024, precision="fp32", mode="fwd-bwd")
+    plan = ParallelPlan(dp=8, micro_batch=1)
+    entries = gradient_tensors(spec, workload, plan)
+    assert sum(n for _, n, _ in entries) == spec.param_count()
+    layout = bucket_numels(plan_buckets(entries, cap_mb=25, rule="torch"))
+    assert layout == [7_087_872] * 12 + [39_385_344]
+    system = load_system("A100-80GB")
+    planned = evaluate(spec, workload, plan, system, bucket_elements=layout)
+    estimated = evaluate(spec, workload, plan, system)
+    assert planned.breakdown["dp_comm"] > estimated.breakdown["dp_comm"]  # the embeddings ride in the last bucket
