@@ -58,6 +58,14 @@ def test_the_pull_toward_the_base_system_is_weak_when_the_records_decide():
     assert acc.memory_bytes_per_s == pytest.approx(15e9, rel=0.1)
 
 
+def test_a_base_with_zero_overhead_can_be_calibrated_again():
+    """A calibrated system may carry kernel_overhead_us = 0; using it as the base must still fit."""
+    start = _BASE.replace(accelerator=dataclasses.replace(_BASE.accelerator, kernel_overhead_us=0.0))
+    acc = calibrate(RecordSet(steps=synthetic_points(mode="train")), start, knots=KNOTS).system.accelerator
+    assert acc.kernel_overhead_us == pytest.approx(20.0, rel=0.1)
+    assert acc.memory_bytes_per_s == pytest.approx(15e9, rel=0.1)
+
+
 def test_calibrated_efficiency_never_decreases_with_size():
     noisy = [dataclasses.replace(p, phases={k: v * (1.3 if i % 2 else 0.8) for k, v in p.phases.items()})
              for i, p in enumerate(synthetic_points())]

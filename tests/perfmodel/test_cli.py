@@ -27,6 +27,7 @@ def test_predict_prints_totals_breakdown_and_per_layer_table(cli, tmp_path):
     (["--system", "H900"], "unknown system 'H900'"),
     (["--gpus", "12", "--tp", "8"], "does not divide --gpus 12"),
     (["--tp", "2,4"], "--tp takes one value here"),
+    (["--zero", "1,2"], "--zero takes one value here"),
     (["--recompute", "some"], "invalid choice 'some'"),
     (["--flash", "maybe"], "choose yes or no"),
     (["--buckets", "magic"], "invalid choice 'magic'"),

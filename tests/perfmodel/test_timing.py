@@ -127,3 +127,37 @@ def test_gradient_tensors_feed_the_ddp_bucket_planner():
     planned = evaluate(spec, workload, plan, system, bucket_elements=layout)
     estimated = evaluate(spec, workload, plan, system)
     assert planned.breakdown["dp_comm"] > estimated.breakdown["dp_comm"]  # the embeddings ride in the last bucket
+
+
+def test_context_parallel_ranks_reduce_gradients_and_share_zero_shards():
+    """CP ranks hold the same weights: gradients are reduced and ZeRO state sharded over dp x cp."""
+    spec, system = get_preset("llama3-8b"), load_system("H100-SXM")
+    workload = Workload(batch=16, seq=8192, precision="bf16", mode="train")
+    params = spec.param_count()
+    for dp, cp in ((1, 8), (2, 4), (8, 1)):
+        p = evaluate(spec, workload, ParallelPlan(dp=dp, cp=cp, zero=1, micro_batch=1), system)
+        assert p.memory.optimizer == pytest.approx(params * 12 / 8)
+        assert p.breakdown["dp_comm"] > 0
+
+
+def test_sharded_gradients_are_reduced_after_every_micro_batch():
+    spec, system = get_preset("megatron-1.7b"), load_system("A100-80GB")
+    workload = Workload(batch=64, seq=2048, precision="bf16", mode="fwd-bwd")
+    by_stage = {zero: evaluate(spec, workload, ParallelPlan(dp=16, zero=zero, micro_batch=1, dp_overlap=False),
+                               system) for zero in (1, 2)}
+    m = by_stage[1].micro_batches
+    assert m == 4 and by_stage[2].breakdown["dp_comm"] == pytest.approx(m * by_stage[1].breakdown["dp_comm"])
+
+
+def test_placement_decides_which_tier_a_group_uses():
+    from stepscope.perfmodel.evaluate import group_layout
+
+    spec, system = get_preset("gpt3-175b"), load_system("A100-80GB")
+    workload = Workload(batch=64, seq=2048, precision="bf16", mode="fwd-bwd")
+    inner = ParallelPlan(dp=8, tp=8, micro_batch=1, recompute="full", placement=("tp", "cp", "dp", "pp"))
+    outer = inner.replace(placement=("dp", "cp", "tp", "pp"))
+    assert group_layout(inner, 8) == {"tp": 8, "cp": 1, "dp": 1, "pp": 1, "dp_cp": 1}
+    assert group_layout(outer, 8) == {"tp": 1, "cp": 1, "dp": 8, "pp": 1, "dp_cp": 8}
+    nvlink, nic = (evaluate(spec, workload, plan, system).breakdown for plan in (inner, outer))
+    # the same TP traffic on the NICs instead of NVLink: slower by about the bandwidth ratio (300 vs 25 GB/s)
+    assert 8 < nic["tp_comm"] / nvlink["tp_comm"] < 12 and nic["dp_comm"] < nvlink["dp_comm"]

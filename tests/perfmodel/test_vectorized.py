@@ -42,7 +42,7 @@ def test_vectorized_equals_scalar_on_random_plans(case):
     name, system_name, seq, batch, precision, mode = case
     spec, system = get_preset(name), load_system(system_name)
     workload = Workload(batch=batch, seq=seq, precision=precision, mode=mode)
-    rng = random.Random(hash(case) % 1000)
+    rng = random.Random(CASES.index(case))  # not hash(): string hashes change from run to run
     for switches in ({"dropout": True, "fp32_grads": True, "dp_overlap": False, "tp_overlap": False},
                      {"dropout": False, "fp32_grads": False, "dp_overlap": True, "tp_overlap": True},
                      {"dropout": True, "fp32_grads": False, "dp_overlap": True, "tp_overlap": True}):

@@ -78,6 +78,8 @@ def test_system_file_errors_are_one_line(tmp_path):
     (dict(dp=2, micro_batch=3), 8, 128, "micro_batch=3 does not divide the 4 sequences"),
     (dict(pp=4, interleave=2, micro_batch=1), 6, 128, "needs the 6 micro-batches to be a multiple of pp=4"),
     (dict(sequence_parallel=True), 8, 128, "sequence_parallel needs tensor parallelism"),
+    (dict(tp=8, cp=2, sequence_parallel=True), 8, 100, "the 50 tokens per sequence and context-parallel rank to "
+                                                       "be divisible by tp=8"),
 ])
 def test_invalid_plans_explain_themselves_in_one_line(plan, batch, seq, message):
     with pytest.raises(UsageError, match=message) as error:

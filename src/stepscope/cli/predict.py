@@ -6,12 +6,13 @@ Also owns the options shared by the performance-model commands (system, workload
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from stepscope.cli.options import add_model_options, add_output_options, choice, model_specs, parse_list, positive_int
 from stepscope.errors import UsageError
 from stepscope.spec import PRECISIONS, MODES
 
+T = TypeVar("T")
 YES_NO = {"yes": True, "no": False, "true": True, "false": False, "on": True, "off": False}
 
 
@@ -36,14 +37,17 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tp-overlap", action="store_true", help="TP/CP collectives overlap their GEMMs")
 
 
-def one_int(text: str | None, option: str, default: int | None = None) -> int | None:
-    """One positive integer from the command line (or `default` when the option was not given)."""
-    if text is None:
-        return default
-    values = parse_list(str(text), positive_int, option)
+def one_value(text: str, convert: Callable[[str], T], option: str) -> T:
+    """Exactly one value from the command line (a comma list is a usage error here)."""
+    values = parse_list(str(text), convert, option)
     if len(values) != 1:
         raise UsageError(f"{option} takes one value here, got {text!r}")
     return values[0]
+
+
+def one_int(text: str | None, option: str, default: int | None = None) -> int | None:
+    """One positive integer from the command line (or `default` when the option was not given)."""
+    return default if text is None else one_value(text, positive_int, option)
 
 
 def yes_no(text: str, option: str) -> bool:
@@ -92,7 +96,7 @@ def plan_from_args(args: argparse.Namespace, spec) -> tuple[Any, Any]:
             raise UsageError(f"tp*pp*cp = {tp * pp * cp} does not divide --gpus {gpus}")
         dp = gpus // (tp * pp * cp) if gpus is not None else 1
     micro_batch = one_int(args.micro_batch, "--micro-batch", 1)
-    zero = parse_list(args.zero, int, "--zero")[0]
+    zero = one_value(args.zero, int, "--zero")
     recompute = choice(*RECOMPUTE)(args.recompute)
     plan = ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=micro_batch, zero=zero, recompute=recompute,
                         interleave=one_int(args.interleave, "--interleave", 1),
@@ -118,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
 
     system = load_system(args.system)
     specs = model_specs(args)
-    bucket = parse_list(args.bucket_MiB, float, "--bucket-MiB")[0]
+    bucket = one_value(args.bucket_MiB, float, "--bucket-MiB")
     if not bucket > 0:
         raise UsageError(f"--bucket-MiB must be positive, got {args.bucket_MiB}")
     bucket_rule = choice("size", "torch", "strict")(args.buckets)

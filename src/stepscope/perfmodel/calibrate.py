@@ -155,9 +155,11 @@ def _fit(model: _Model, rows: list, y: np.ndarray, theta: np.ndarray, floor: flo
             a = np.hstack([curve @ cumulative, design[:, k:]]) / y[:, None]
             b = (y - curve.sum(axis=1) * floor) / y
             if prior is not None and prior_weight > 0:  # rows w·x/x_base = w: weak pull toward the base
-                pull = np.zeros((3, a.shape[1]))
-                pull[[0, 1, 2], [k, k + 1, k + 2]] = prior_weight / prior
-                a, b = np.vstack([a, pull]), np.concatenate([b, np.full(3, prior_weight)])
+                # a base value of 0 (e.g. a fitted kernel overhead of 0 in a calibrated base) has no scale
+                anchored = np.nonzero(prior > 0)[0]
+                pull = np.zeros((len(anchored), a.shape[1]))
+                pull[np.arange(len(anchored)), k + anchored] = prior_weight / prior[anchored]
+                a, b = np.vstack([a, pull]), np.concatenate([b, np.full(len(anchored), prior_weight)])
             solution = nnls(a, b)
             current = np.concatenate([floor + cumulative @ solution[:k], solution[k:]])
             signature = tuple(sides for _, sides in built)
@@ -213,7 +215,7 @@ def calibrate(records: RecordSet, base: SystemSpec, *, knots: Sequence[float] = 
         theta, iterations = _fit(model, rows, y, theta, floor, prior, prior_weight)
     fitted = _accelerator(acc, peaks, knots, theta, flash, notes)
     for name_, fitted_value, base_value in zip(("elementwise rate", "bandwidth", "kernel overhead"), theta[k:], prior):
-        if fitted_value > 0 and abs(fitted_value / base_value - 1) < 1e-3:
+        if fitted_value > 0 and base_value > 0 and abs(fitted_value / base_value - 1) < 1e-3:
             notes.append(f"the records do not constrain the {name_}: it stays at the base system's value")
     inverse, x_vector, x_bytes, x_kernel = theta[:k], theta[k], theta[k + 1], theta[k + 2]
     network = _network(records.comm, base, notes)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from stepscope.perfmodel.collectives import collective_time, members_per_domain, p2p
-from stepscope.perfmodel.memory import GiB, Memory, grad_bytes, memory
+from stepscope.perfmodel.memory import GiB, Memory, grad_bytes, memory, stage_params
 from stepscope.perfmodel.ops import Geometry, Op, embedding_ops, head_ops, layer_ops
 from stepscope.perfmodel.timing import (DEFAULT_BUCKET_MIB, bubble, bucket_layout, dp_exposed, exposed, op_time,
                                         optimizer_time)
@@ -94,8 +94,11 @@ class Prediction:
 
 
 def group_layout(plan: ParallelPlan, domain_size: int) -> dict[str, int]:
-    """Members of each dimension's group inside one fast domain, from the plan's placement."""
-    return {dim: members_per_domain(plan.size(dim), plan.stride(dim), domain_size) for dim in DIMENSIONS}
+    """Members of each dimension's group inside one fast domain, from the plan's placement, and of the
+    gradient-reduction group `dp_cp` (dp x cp ranks: the product of the two, exact for power-of-two sizes)."""
+    layout = {dim: members_per_domain(plan.size(dim), plan.stride(dim), domain_size) for dim in DIMENSIONS}
+    layout["dp_cp"] = layout["dp"] * layout["cp"]
+    return layout
 
 
 def direction_span(ops: Sequence[Op], direction: str, system: SystemSpec, precision: str,
@@ -176,39 +179,39 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
     p2p_fwd = plan.interleave * p2p_one
     p2p_bwd = plan.interleave * p2p_one if backward else 0.0
 
-    # data-parallel gradient reduction, ZeRO parameter gathers
-    layer_params = sum(op.params for op in layer)
-    stage_param_counts = [layer_params * layers + sum(op.params for op in emb),
-                          layer_params * layers + sum(op.params for op in head)]
-    if plan.pp == 1:
-        stage_param_counts = [layer_params * layers + sum(op.params for op in emb + head)]
-    if spec.tie_embeddings and plan.pp > 1:
-        stage_param_counts[1] += spec.vocab_size * spec.d_model / plan.tp
+    # gradient reduction over the dp x cp ranks holding the same weights (context-parallel ranks see different
+    # tokens of the same sequences), ZeRO parameter gathers; the stage with the most parameters sets the pace
+    layer_params, first_extra, last_extra = stage_params(spec, g, plan.pp)
+    stage_param_counts = ([layer_params * layers + first_extra + last_extra] if plan.pp == 1 else
+                          [layer_params * layers + first_extra, layer_params * layers + last_extra])
     params = max(stage_param_counts)
     critical = stage_param_counts.index(params)
     holds_embedding, holds_head = (True, True) if plan.pp == 1 else (critical == 0, critical == 1)
     gb = grad_bytes(precision, plan.fp32_grads)
-    dp_g = layout["dp"]
+    n_dp, dp_g = plan.dp_cp, layout["dp_cp"]
     reduce_s = gather_s = 0.0
-    if backward and plan.dp > 1:
+    if backward and n_dp > 1:
         buckets = list(bucket_elements) if bucket_elements else bucket_layout(params, bucket_cap_MiB * 2**20 / gb)
         kind = "all-reduce" if plan.zero == 0 else "reduce-scatter"
-        times = [collective_time(kind, b * gb, plan.dp, dp_g, network) for b in buckets]
-        reduce_s = dp_exposed(times, stage_bwd.total_s, plan.dp_overlap)
+        times = [collective_time(kind, b * gb, n_dp, dp_g, network) for b in buckets]
+        # sharded gradients (ZeRO-2/3) have no full-size buffer to accumulate micro-batches into: they are
+        # reduced after every micro-batch's backward, not once per step
+        reductions = m if plan.zero >= 2 else 1
+        reduce_s = reductions * dp_exposed(times, stage_bwd.total_s, plan.dp_overlap)
         if plan.zero == 3:  # weights gathered before every forward and backward of every micro-batch
-            weights_s = collective_time("all-gather", params * e, plan.dp, dp_g, network)
-            first_bucket = collective_time("all-gather", min(params, buckets[0]) * e, plan.dp, dp_g, network)
+            weights_s = collective_time("all-gather", params * e, n_dp, dp_g, network)
+            first_bucket = collective_time("all-gather", min(params, buckets[0]) * e, n_dp, dp_g, network)
             per_pass = [max(weights_s - stage_fwd.total_s, first_bucket), max(weights_s - stage_bwd.total_s,
                                                                               first_bucket)]
             gather_s = m * (sum(per_pass) if plan.dp_overlap else 2 * weights_s)
         elif plan.zero in (1, 2) and mode == "train":  # updated shards gathered after the optimizer step
-            weights_s = collective_time("all-gather", params * e, plan.dp, dp_g, network)
-            first_bucket = collective_time("all-gather", min(params, buckets[0]) * e, plan.dp, dp_g, network)
+            weights_s = collective_time("all-gather", params * e, n_dp, dp_g, network)
+            first_bucket = collective_time("all-gather", min(params, buckets[0]) * e, n_dp, dp_g, network)
             gather_s = max(weights_s - stage_fwd.total_s, first_bucket) if plan.dp_overlap else weights_s
 
     optimizer_s = 0.0
     if mode == "train":
-        local = params / plan.dp if plan.zero >= 1 else params
+        local = params / n_dp if plan.zero >= 1 else params
         tensors = param_tensors(spec, layers, holds_embedding, holds_head)
         optimizer_s = optimizer_time(local, tensors, precision, gb, acc).total_s
 

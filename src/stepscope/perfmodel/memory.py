@@ -1,7 +1,7 @@
 """Memory per GPU: weights, gradients and optimizer state by ZeRO stage, activations by recompute mode and
 micro-batches in flight, and the verdict against the device capacity (scalar reference).
 
-Bytes per parameter (Ψ parameters, N data-parallel ranks; Rajbhandari et al. 2020 and Megatron-LM):
+Bytes per parameter (N = dp x cp ranks holding the same weights; Rajbhandari et al. 2020 and Megatron-LM):
 - fp32 training: 4 (weights) + 4 (grads) + 8 (Adam m, v) = 16;
 - mixed precision: 2 + 2 + 12 (fp32 master, m, v) = 16; ZeRO-1 4 + 12/N; ZeRO-2 2 + 14/N; ZeRO-3 16/N;
   with fp32 gradients (Megatron's main_grad) 18, and the distributed optimizer (= ZeRO-1 here) 6 + 12/N.
@@ -106,7 +106,7 @@ def memory(spec: ModelSpec, g: Geometry, plan: ParallelPlan, precision: str, mic
     """Peak memory per GPU of `plan` (the larger of the first and the last pipeline stage)."""
     layers = spec.n_layers // plan.pp
     layer_params, first_extra, last_extra = stage_params(spec, g, plan.pp)
-    per_param = state_bytes(precision, plan.zero, plan.dp, plan.fp32_grads)
+    per_param = state_bytes(precision, plan.zero, plan.dp_cp, plan.fp32_grads)
     ops = layer_ops(spec, g)
     per_layer = layer_activation_bytes(ops, plan.recompute, g, spec.d_model)
     working = sum(op.saved_bytes for op in ops) if plan.recompute == "full" else 0.0

@@ -10,6 +10,7 @@ overlap and the optimizer step (scalar reference; `vectorized.py` has the array 
   slowest stage), i.e. a fraction (p−1)/(v·m) of the m micro-batches' time.
 - Data-parallel reduction overlaps the last micro-batch's backward, except the last bucket, which can
   only start when backward ends: exposed = max(reduce − backward window, last bucket) when overlapped.
+  With sharded gradients (ZeRO-2/3) this happens after every micro-batch's backward.
 """
 
 from __future__ import annotations

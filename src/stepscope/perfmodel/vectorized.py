@@ -81,13 +81,14 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     last_t = np.where(is_ar, T["ar_last"], T["rs_last"])
     total_t = T["n_full"] * full_t + last_t
     reduce_s = np.maximum(total_t - stage_bwd, last_t) if c.dp_overlap else total_t
+    reduce_s = np.where(zero >= 2, m, 1.0) * reduce_s  # sharded gradients: reduced after every micro-batch
     weights_s, first_bucket = T["weights_s"], T["first_bucket"]
     if c.dp_overlap:
         z3 = m * (np.maximum(weights_s - stage_fwd, first_bucket) + np.maximum(weights_s - stage_bwd, first_bucket))
         z12 = np.maximum(weights_s - stage_fwd, first_bucket)
     else:
         z3, z12 = m * 2 * weights_s, weights_s
-    has_dp = (T["dp"] > 1) & backward
+    has_dp = (T["dp_cp"] > 1) & backward
     reduce_s = np.where(has_dp, reduce_s, 0.0)
     gather_s = np.where(has_dp & (zero == 3), z3, np.where(has_dp & (zero >= 1) & (mode == "train"), z12, 0.0))
     optimizer_s = np.where(zero >= 1, T["opt_sharded"], T["opt_full"])
@@ -118,12 +119,12 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
 def _memory(workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, np.ndarray], zero: np.ndarray,
             rec: np.ndarray, e: int) -> dict[str, np.ndarray]:
     """memory.py over arrays: state bytes by ZeRO stage, activations by recompute mode, fullest stage."""
-    dp, layers, single = T["dp"], T["layers"], T["single"]
+    n_dp, layers, single = T["dp_cp"], T["layers"], T["single"]  # ZeRO shards over dp x cp
     gb = 4 if c.fp32_grads else e
     optimizer_bytes = 8.0 + (4.0 if workload.precision != "fp32" else 0.0)  # m, v (+ fp32 master weights)
-    w = np.where(zero >= 3, e / dp, float(e))
-    g = np.where(zero >= 2, gb / dp, float(gb))
-    o = np.where(zero >= 1, optimizer_bytes / dp, optimizer_bytes)
+    w = np.where(zero >= 3, e / n_dp, float(e))
+    g = np.where(zero >= 2, gb / n_dp, float(gb))
+    o = np.where(zero >= 1, optimizer_bytes / n_dp, optimizer_bytes)
     per_layer = np.where(rec == 2, T["act_full"], np.where(rec == 1, T["act_selective"], T["act_none"]))
     working = np.where(rec == 2, T["act_none"], 0.0) + np.where(zero >= 3, 2 * T["layer_params"] * e, 0.0)
     held, head_act = T["held"], T["head_act"]

@@ -88,10 +88,6 @@ def _exposed(comm, compute, overlap: bool):
     return np.maximum(0.0, comm - compute) if overlap else comm
 
 
-def _exposed(comm, compute, overlap: bool):
-    return np.maximum(0.0, comm - compute) if overlap else comm
-
-
 def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candidates,
                 bucket_cap_MiB: float) -> dict[str, np.ndarray]:
     """Per-plan terms that ignore `c.zero` and `c.recompute` (arrays, one element per plan of `c`)."""
@@ -107,7 +103,9 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     mask = 1 if c.dropout else 0
     overlap = c.tp_overlap
     layout = c.members_per_domain(mc.domain)
-    g_tp, g_cp, g_dp = layout["tp"], layout["cp"], layout["dp"]
+    g_tp, g_cp = layout["tp"], layout["cp"]
+    # gradients are reduced (and ZeRO shards) over the dp x cp ranks holding the same weights
+    n_dp, g_dp = dp * cp, layout["dp"] * layout["cp"]
     tokens = b * seq / cp
     sharded = np.where(sp, tokens / t, tokens)
     m = workload.batch // (c.dp * c.micro_batch)
@@ -239,7 +237,6 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     p2p_fwd = v * p2p_one
     p2p_bwd = v * p2p_one if backward else zeros
 
-
     # ---- parameters per stage (pp = 1: everything on one stage) -----------------------------------
     norm_p = spec.norm_params()
     layer_p = (2 * norm_p + h * (h + 2 * kv) / t + ((h + 2 * kv) / t if spec.attn_bias else 0.0)
@@ -258,10 +255,11 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     cap = bucket_cap_MiB * 2**20 / gb
     n_full = np.maximum(0, np.ceil(params / cap) - 1)
     last_bucket = params - n_full * cap
-    terms = {"ar_full": mc.all_reduce(cap * gb, dp, g_dp), "ar_last": mc.all_reduce(last_bucket * gb, dp, g_dp),
-             "rs_full": mc.reduce_scatter(cap * gb, dp, g_dp), "rs_last": mc.reduce_scatter(last_bucket * gb, dp, g_dp),
-             "weights_s": mc.reduce_scatter(params * e, dp, g_dp),
-             "first_bucket": mc.reduce_scatter(np.minimum(params, cap) * e, dp, g_dp)}
+    terms = {"ar_full": mc.all_reduce(cap * gb, n_dp, g_dp), "ar_last": mc.all_reduce(last_bucket * gb, n_dp, g_dp),
+             "rs_full": mc.reduce_scatter(cap * gb, n_dp, g_dp),
+             "rs_last": mc.reduce_scatter(last_bucket * gb, n_dp, g_dp),
+             "weights_s": mc.reduce_scatter(params * e, n_dp, g_dp),  # an all-gather costs the same
+             "first_bucket": mc.reduce_scatter(np.minimum(params, cap) * e, n_dp, g_dp)}
 
     # ---- optimizer over all local parameters, or over a 1/dp shard (ZeRO >= 1) -----------------------
     if mode == "train":
@@ -269,7 +267,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
                    + np.where(single | ~critical_last, param_tensors(spec, 0, True, False), 0)
                    + np.where(single | critical_last, param_tensors(spec, 0, False, True), 0))
         per_param = optimizer_bytes_per_param(precision, gb)
-        for name, local in (("opt_full", params), ("opt_sharded", params / dp)):
+        for name, local in (("opt_full", params), ("opt_sharded", params / n_dp)):
             terms[name] = (np.maximum(OPTIMIZER_FLOPS_PER_PARAM * local / mc.optimizer_peak,
                                       local * per_param / mc.bandwidth) + tensors * mc.overhead)
     else:
@@ -294,7 +292,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     # ---- FLOPs a recomputation repeats (model FLOPs of the layer forward; or the attention core) ------
     layer_flops = 2 * tokens * h * (h + 2 * kv) / t + 2 * tokens * h * h / t + 2 * tokens * h * up_w + 2 * hidden * h
     terms.update({
-        "m": m.astype(float), "layers": layers.astype(float), "single": single, "pp": pp, "v": v, "dp": dp,
+        "m": m.astype(float), "layers": layers.astype(float), "single": single, "pp": pp, "v": v, "dp_cp": n_dp,
         "gpus": c.gpus.astype(float), "fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "cp_fwd": cp_fwd,
         "cp_bwd": cp_bwd, "sel_fwd": sel_fwd, "sel_cp": sel_cp,
         "first_fwd": emb_t, "first_fwd_tp": emb_fwd_tp, "last_fwd": fn_t + lg_t + ls_t,

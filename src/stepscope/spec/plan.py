@@ -71,9 +71,17 @@ class ParallelPlan:
 
     @property
     def gpus(self) -> int:
+        """GPUs the plan uses: dp x tp x pp x cp."""
         return self.dp * self.tp * self.pp * self.cp
 
+    @property
+    def dp_cp(self) -> int:
+        """Ranks holding the same weights (dp x cp, Megatron's data-parallel group with context parallelism):
+        gradients are reduced, and ZeRO shards its state, over them."""
+        return self.dp * self.cp
+
     def size(self, dimension: str) -> int:
+        """Group size of one dimension (tp, cp, dp or pp)."""
         return getattr(self, dimension)
 
     def stride(self, dimension: str) -> int:
@@ -90,14 +98,17 @@ class ParallelPlan:
         return global_batch // (self.dp * self.micro_batch)
 
     def replace(self, **changes: Any) -> "ParallelPlan":
+        """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field (the `plan` of a record); the placement as `tp,cp,dp,pp`."""
         data = dataclasses.asdict(self)
         data["placement"] = ",".join(self.placement)
         return data
 
     def describe(self) -> str:
+        """One line, e.g. `dp8 tp8 pp16 cp1 mb1 sp zero1 recompute selective v2`."""
         extras = [f"sp" if self.sequence_parallel else "", f"zero{self.zero}" if self.zero else "",
                   f"recompute {self.recompute}" if self.recompute != "none" else "",
                   f"v{self.interleave}" if self.interleave > 1 else "", "" if self.flash_attention else "no-flash"]
@@ -173,4 +184,8 @@ CONSTRAINTS: tuple[Constraint, ...] = (
                             f"micro-batches to be a multiple of pp={p.pp}"),
     Constraint("sequence parallel needs tp > 1", lambda p, f: (p.sequence_parallel == False) | (p.tp > 1),  # noqa: E712
                lambda p, f: "sequence_parallel needs tensor parallelism (tp > 1)"),
+    Constraint("sequence parallel splits the sequence",
+               lambda p, f: (p.sequence_parallel == False) | ((f.seq // p.cp) % p.tp == 0),  # noqa: E712
+               lambda p, f: f"sequence_parallel needs the {f.seq // p.cp} tokens per sequence and context-parallel "
+                            f"rank to be divisible by tp={p.tp}"),
 )

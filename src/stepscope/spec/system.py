@@ -105,10 +105,12 @@ class NetworkTier:
 
     @property
     def bytes_per_s(self) -> float:
+        """B of the α–β model: what collectives reach, GBps x efficiency, in bytes/s."""
         return self.GBps * 1e9 * self.efficiency
 
     @property
     def latency_s(self) -> float:
+        """α of the α–β model, in seconds."""
         return self.latency_us * 1e-6
 
 
@@ -138,6 +140,7 @@ class SystemSpec:
     """Where the numbers come from."""
 
     def replace(self, **changes: Any) -> "SystemSpec":
+        """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

@@ -30,7 +30,7 @@ class Workload:
     """One training step's work: `batch` sequences of `seq` tokens, in `precision`, doing `mode`."""
 
     batch: int = 4
-    """Sequences per step (per rank when data-parallel)."""
+    """Sequences per step: of one process for `stepscope step`; the global batch in the performance model."""
     seq: int = 128
     """Tokens per sequence."""
     precision: Precision = "fp32"
