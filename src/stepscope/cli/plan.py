@@ -114,14 +114,16 @@ def run(args: argparse.Namespace) -> int:
                      "tokens_per_s": m["tokens_per_s"], "step_s": m["step_s"], "mfu_pct": m["mfu_pct"],
                      "mem_GiB": m["mem_GiB"], "compute_pct": 100 * (m["forward_compute_s"] + m["backward_compute_s"]
                                                                     + m["recompute_s"]) / m["step_s"],
-                     "comm_pct": 100 * comm / m["step_s"], "bubble_pct": 100 * m["bubble_s"] / m["step_s"]})
+                     "comm_pct": 100 * comm / m["step_s"], "bubble_pct": 100 * m["bubble_s"] / m["step_s"],
+                     "equivalent": m["equivalent_plans"]})
         config = {"model": spec.name, "model_spec": spec.to_dict(), **workload.to_dict(), "gpus": gpus,
                   "system": system.name, "rank": rank, "plan": plan.to_dict()}
         metrics = {**{k: v for k, v in m.items() if k != "feasible"}, "search_evaluated": result.evaluated,
                    "search_feasible": result.feasible, "search_s": result.seconds,
                    "search_configs_per_s": result.configs_per_s}
         store.append(make_record("plan", config, metrics, env=env))
-    printer.emit(rows, title=f"top {len(rows)} feasible plans by throughput")
+    printer.emit(rows, title=f"top {len(rows)} feasible plans by throughput (equivalent: other plans with the same "
+                             "prediction, e.g. another placement of the same groups)")
     printer.note(f"records: {store.path}")
     return 0
 

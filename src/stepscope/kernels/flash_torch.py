@@ -5,7 +5,7 @@ running row max m, row sum l and unnormalized fp32 output; only the logsumexp L 
 Backward recomputes P = exp(s·QKᵀ − L) tile by tile from L, with D = rowsum(dO ∘ O): no N×N tensor
 is ever stored, so memory grows linearly with the sequence length.
 
-CPU tuning (measured with `stepscope attention`, see docs/readme-attention.md):
+CPU tuning (measured with `stepscope attention`, see docs/attention.md):
 - large tiles: every tile costs ~10 PyTorch calls of interpreter overhead, so a tile must hold enough
   work (a group of batch·heads per call, 128 rows x 1024 keys by default);
 - worker threads instead of parallel ops (kernels/cpu_parallel.py): blocks of rows run as tasks on

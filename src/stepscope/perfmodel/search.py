@@ -212,7 +212,7 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
         ok = out["feasible"]
         i = int(np.argmin(out["mem_GiB"]))
         smallest = (float(out["mem_GiB"][i]), cands.subset([i]), {name: v[[i]] for name, v in out.items()})
-        return len(cands), int(ok.sum()), _top(cands, out, ok, top_k) if ok.any() else None, smallest
+        return len(cands), int(ok.sum()), _top(cands, out, ok, _KEEP * top_k) if ok.any() else None, smallest
 
     evaluated = feasible = 0
     best: list[tuple] = []
@@ -225,7 +225,7 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
             evaluated += n
             feasible += n_ok
             if chunk_top is not None:
-                best = [_merge(best + [chunk_top], top_k)]
+                best = [_merge(best + [chunk_top], _KEEP * top_k)]
             if closest is None or smallest[0] < closest[0]:
                 closest = smallest
             if progress:
@@ -236,9 +236,18 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
     top = []
     if best:
         _, _, cands, out = best[0]
-        # ties (e.g. selective recompute with flash attention changes nothing) list the simpler plan first
-        order = np.lexsort((cands.recompute, cands.zero, out["mem_GiB"], -out["tokens_per_s"]))
-        top = [(cands.plan(int(i)), {k: _scalar(v[i]) for k, v in out.items()}) for i in order[:top_k]]
+        # ties (e.g. selective recompute with flash attention changes nothing, or two placements that put the
+        # same groups on the same links) are one answer: the simpler plan stands for them, the rest are counted
+        order = np.lexsort((cands.placement, cands.recompute, cands.zero, out["mem_GiB"], -out["tokens_per_s"]))
+        kept: dict[tuple[float, float], int] = {}
+        for i in order:
+            tie = (round(float(out["tokens_per_s"][i]), 6), round(float(out["mem_GiB"][i]), 9))
+            if tie in kept:
+                top[kept[tie]][1]["equivalent_plans"] += 1
+            elif len(top) < top_k:
+                kept[tie] = len(top)
+                top.append((cands.plan(int(i)), {**{k: _scalar(v[i]) for k, v in out.items()},
+                                                 "equivalent_plans": 0}))
     near = None
     if not top and closest is not None:
         near = (closest[1].plan(0), {k: _scalar(v[0]) for k, v in closest[2].items()})
@@ -246,6 +255,10 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
                                  f"{system.accelerator.capacity_bytes / 2**30:.1f} GiB")
     return SearchResult(top=top, evaluated=evaluated, feasible=feasible, rejected=rejected, examples=examples,
                         enumerate_s=enumerate_s, evaluate_s=evaluate_s, closest=near)
+
+
+# partial top lists keep this many times k plans, so that k distinct answers survive the collapse of ties
+_KEEP = 4
 
 
 def _scalar(value: Any) -> Any:
