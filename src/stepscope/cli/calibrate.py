@@ -28,6 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prior-weight", default=None,
                         help="pull of the elementwise rate, bandwidth and kernel overhead toward --base, in units "
                              "of one phase's relative error (default 0.01; 0: none)")
+    parser.add_argument("--max-efficiency", default=None,
+                        help="cap of the efficiency curve, as a fraction of the measured large-GEMM rate (default 1; "
+                             "at most 1.1, a margin for a peak measurement that ran slow)")
     add_output_options(parser, resume=False)
     parser.set_defaults(func=run)
 
@@ -37,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     from stepscope.cli.output import Printer
     from stepscope.errors import UsageError
-    from stepscope.perfmodel.calibrate import DEFAULT_KNOTS_GFLOP, PRIOR_WEIGHT, calibrate
+    from stepscope.perfmodel.calibrate import DEFAULT_KNOTS_GFLOP, MAX_EFFICIENCY, PRIOR_WEIGHT, calibrate
     from stepscope.perfmodel.compare import compare, summary
     from stepscope.perfmodel.records import load_records, parse_where
     from stepscope.results.environment import base_environment
@@ -53,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
                                                                              "--prior-weight")[0]
     if not prior_weight >= 0:
         raise UsageError(f"--prior-weight must be >= 0, got {args.prior_weight}")
+    max_efficiency = MAX_EFFICIENCY if args.max_efficiency is None else parse_list(args.max_efficiency, float,
+                                                                                   "--max-efficiency")[0]
     target = Path(args.system_out)
     if target.is_dir() or not target.parent.exists():
         raise UsageError(f"cannot write the system to {target} (not a file in an existing folder)")
@@ -60,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     store = RecordStore(args.out, "calibrate").check_writable()
     printer = Printer(args.format)
 
-    result = calibrate(records, base, knots=knots, prior_weight=prior_weight, name=args.name)
+    result = calibrate(records, base, knots=knots, max_efficiency=max_efficiency, prior_weight=prior_weight,
+                       name=args.name)
     header = (f"stepscope calibrate: {result.system.description}\n"
               f"records: {', '.join(str(r) for r in args.records)}"
               + (f"; filters: {' '.join(args.where)}" if args.where else ""))
@@ -70,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot write {target}: {error.strerror or error}") from None
     printer.note(f"fitted {result.system.name} to {len(result.points)} configurations "
                  f"({result.iterations} active-set iterations)")
-    printer.emit([{"parameter": k, "value": v} for k, v in result.parameters.items()])
+    printer.emit([{"parameter": k, "value": v, "source": result.sources[k]} for k, v in result.parameters.items()])
     fitted = compare(result.points, result.system)
     printer.emit(summary(fitted), title="fit error on the calibration records themselves (in-sample)")
     for note in result.notes:
@@ -78,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
     if records.skipped:
         printer.note("skipped: " + "; ".join(f"{n} {reason}" for reason, n in records.skipped.items()))
     config = {"records": [str(r) for r in args.records], "where": args.where, "base": base.name,
-              "knots_GFLOP": list(knots), "prior_weight": prior_weight, "system_out": str(target)}
-    metrics = {**result.parameters, "configurations": len(result.points),
+              "knots_GFLOP": list(knots), "prior_weight": prior_weight, "max_efficiency": max_efficiency,
+              "system_out": str(target)}
+    metrics = {**result.parameters, "configurations": len(result.points), "parameter_sources": result.sources,
                **{f"{row['phase']}_median_abs_error_pct": row["median_abs_error_pct"] for row in summary(fitted)}}
     store.append(make_record("calibrate", config, metrics, env=base_environment()))
     printer.note(f"system: {target}  (use it with --system {target})")

@@ -6,7 +6,7 @@
 - `evaluate`: one plan, op by op (the reference), and `layers`: its per-layer table;
 - `candidates`, `vectorized_terms`, `vectorized`: many plans at once with numpy (tested against `evaluate`);
 - `search`: enumerate and rank every valid plan;
-- `records`, `nnls`, `calibrate`, `compare`, `validate`: read stepscope's measured records, fit a system to
+- `records`, `nnls`, `calibrate_fit`, `calibrate`, `compare`, `validate`: read stepscope's measured records, fit a system to
   them, put predictions next to measurements, check against published runs.
 """
 

@@ -2,12 +2,15 @@
 
 From step records (forward / backward / optimizer medians of single-process steps):
 - the matrix peak per precision is the host's measured large-GEMM rate (`gemm_GFLOPps` in the records);
-- the efficiency curve (1/η at each knot, kept non-increasing with op size and η ≤ `max_efficiency`),
-  the per-kernel overhead, the streaming bandwidth and the elementwise rate are fitted together by
-  non-negative least squares on the relative error of every measured phase, with a weak pull of the last
-  three toward the base system (`PRIOR_WEIGHT`). Each op's time is max(compute, memory) + overhead:
-  elementwise ops are split into memory- and compute-bound at every possible FLOP/byte threshold, matrix
-  ops are re-assigned with the current parameters until stable, and the best split wins.
+- the efficiency curve (1/η at each knot, non-increasing with op size, η ≤ `max_efficiency`, default
+  `MAX_EFFICIENCY` = 1: no op runs faster than the measured large-GEMM rate), the per-kernel overhead, the
+  streaming bandwidth and the elementwise rate are fitted together by non-negative least squares on the
+  relative error of every measured phase, with a weak pull of the last three toward the base system
+  (`PRIOR_WEIGHT`). Each op's time is max(compute, memory) + overhead (see `calibrate_fit`).
+- What the records do not identify is not fitted, and every parameter says where it comes from
+  (`Calibration.sources`): a knot no op is near is tied to the constrained knots (flat beyond the outermost,
+  interpolated between two); a rate or the overhead the fit drives to 0 (an infinite rate, or an overhead
+  the records cannot resolve) is kept from the base system and the rest is fitted again with it held there.
 From attention records (when present): `flash_efficiency` = median of the curve's time for a fused
 attention kernel over the measured time. From comm records (when present): the intra-domain link's α and
 bandwidth, converting each α–β fit of a ring collective over n ranks to per-step latency and link rate.
@@ -15,7 +18,6 @@ bandwidth, converting each α–β fit of a ring collective over n ranks to per-
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from statistics import median
@@ -24,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.nnls import nnls
+from stepscope.perfmodel.calibrate_fit import SCALARS, PhaseModel, Terms, constrained_knots, fit, tie_matrix
 from stepscope.perfmodel.ops import Cost, Geometry, attention_ops, embedding_ops, head_ops, layer_ops
 from stepscope.perfmodel.records import AttentionPoint, CommPoint, RecordSet, StepPoint
 from stepscope.perfmodel.timing import OPTIMIZER_FLOPS_PER_PARAM, optimizer_bytes_per_param
@@ -36,6 +38,12 @@ DEFAULT_KNOTS_GFLOP = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
 # one phase's relative error: records that barely constrain these (e.g. all phases GEMM-bound) leave them
 # near the base instead of at an unphysical extreme; records that do constrain them win.
 PRIOR_WEIGHT = 0.01
+# The efficiency is a fraction of the measured large-GEMM rate, the best case of the same host, so it is
+# capped there. When the peak measurement itself ran slow, the fit sits at the cap (the output says so) and
+# the rest shows as fit error; --max-efficiency allows a margin, up to MAX_EFFICIENCY_LIMIT.
+MAX_EFFICIENCY = 1.0
+MAX_EFFICIENCY_LIMIT = 1.1
+SCALAR_NAMES = {"vector": "vector_GFLOPps", "bytes": "bandwidth_GBps", "kernel": "kernel_overhead_us"}
 
 
 @dataclass(frozen=True)
@@ -45,11 +53,19 @@ class Calibration:
     system: SystemSpec
     points: list[StepPoint]
     parameters: dict[str, float]
+    """Every parameter's value in the fitted system (kept and tied ones included)."""
+    sources: dict[str, str]
+    """Where each parameter's value comes from: `fitted`, `measured ...`, `not constrained: ...`."""
     iterations: int
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def unconstrained(self) -> list[str]:
+        """The parameters the records did not determine (tied or kept from the base system)."""
+        return [name for name, source in self.sources.items() if source.startswith("not constrained")]
 
-def _terms(point: StepPoint) -> dict[str, list[tuple[str, Cost, float]]]:
+
+def _terms(point: StepPoint) -> dict[str, Terms]:
     """(kind, cost, count) of every op of each measured phase of a single-process step."""
     spec, workload = point.model, point.workload
     g = Geometry(micro_batch=workload.batch, seq=workload.seq, act_bytes=bytes_per_element(workload.precision),
@@ -70,114 +86,13 @@ def _terms(point: StepPoint) -> dict[str, list[tuple[str, Cost, float]]]:
     return out
 
 
-def _weights(size_flops: float, knots: Sequence[float]) -> np.ndarray:
-    """Harmonic-interpolation weights of one op size on the knots (1/η = Σ w_k / η_k), clamped."""
-    x = math.log10(max(size_flops, 1.0) / 1e9)
-    xs = [math.log10(k) for k in knots]
-    w = np.zeros(len(knots))
-    if x <= xs[0]:
-        w[0] = 1.0
-    elif x >= xs[-1]:
-        w[-1] = 1.0
-    else:
-        i = next(i for i in range(1, len(xs)) if x <= xs[i])
-        frac = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-        w[i - 1], w[i] = 1 - frac, frac
-    return w
-
-
-class _Model:
-    """Parameters θ = [1/η at each knot, 1/vector rate, 1/bandwidth, overhead] and the phase design rows."""
-
-    def __init__(self, knots: Sequence[float], peaks: dict[str, float], flash_efficiency: float) -> None:
-        self.knots, self.peaks, self.flash = list(knots), peaks, flash_efficiency
-        self.k = len(knots)
-
-    def _compute(self, kind: str, cost: Cost, precision: str, theta: np.ndarray):
-        """(compute seconds under θ, its coefficients: on the curve columns, or on the vector column)."""
-        if kind == "vector":
-            return cost.flops * theta[self.k], None
-        w = _weights(cost.flops / max(cost.kernels, 1), self.knots)
-        factor = self.flash if kind == "attention" else 1.0
-        coef = cost.flops / (self.peaks[precision] * factor) * w
-        return float(coef @ theta[:self.k]), coef
-
-    def row(self, terms, precision: str, theta: np.ndarray,
-            vector_threshold: float) -> tuple[np.ndarray, tuple[bool, ...]]:
-        """Design row of one phase, and which ops are compute-bound: matrix ops by θ (the larger side),
-        elementwise ops by their FLOP/byte ratio against `vector_threshold` (= bandwidth / vector rate)."""
-        k = self.k
-        row = np.zeros(k + 3)
-        sides = []
-        for kind, cost, count in terms:
-            row[k + 2] += count * cost.kernels
-            compute, coef = self._compute(kind, cost, precision, theta)
-            if kind == "vector":
-                compute_bound = cost.flops > vector_threshold * cost.bytes
-            else:
-                compute_bound = compute >= cost.bytes * theta[k + 1]
-            sides.append(compute_bound)
-            if not compute_bound:
-                row[k + 1] += count * cost.bytes
-            elif coef is None:
-                row[k] += count * cost.flops
-            else:
-                row[:k] += count * coef
-        return row, tuple(sides)
-
-    def predict(self, terms, precision: str, theta: np.ndarray) -> float:
-        """Phase seconds under θ with the real roofline: max(compute, memory) + overhead per op."""
-        total = 0.0
-        for kind, cost, count in terms:
-            compute, _ = self._compute(kind, cost, precision, theta)
-            total += count * (max(compute, cost.bytes * theta[self.k + 1]) + cost.kernels * theta[self.k + 2])
-        return total
-
-
-def _fit(model: _Model, rows: list, y: np.ndarray, theta: np.ndarray, floor: float,
-         prior: np.ndarray | None, prior_weight: float) -> tuple[np.ndarray, int]:
-    """Least squares on relative errors, θ ≥ 0, 1/η non-increasing and ≥ floor. Elementwise ops are split
-    into memory- and compute-bound at every possible FLOP/byte threshold (the max() makes the problem
-    piecewise linear); for each split, matrix ops are re-assigned until stable. The split whose fitted
-    parameters best explain the measurements with the real max() model wins."""
-    k = model.k
-    cumulative = np.triu(np.ones((k, k)))  # 1/η = floor + cumulative @ d, d ≥ 0
-    ratios = sorted({cost.flops / cost.bytes for terms, _ in rows for kind, cost, _ in terms
-                     if kind == "vector" and cost.bytes > 0})
-    thresholds = [0.0] + [(a + b) / 2 for a, b in zip(ratios, ratios[1:])] + [float("inf")]
-    best: tuple[float, np.ndarray, int] | None = None
-    for threshold in thresholds:
-        current, previous = theta, None
-        for iteration in range(1, 21):
-            built = [model.row(terms, precision, current, threshold) for terms, precision in rows]
-            design = np.array([row for row, _ in built])
-            curve = design[:, :k]
-            a = np.hstack([curve @ cumulative, design[:, k:]]) / y[:, None]
-            b = (y - curve.sum(axis=1) * floor) / y
-            if prior is not None and prior_weight > 0:  # rows w·x/x_base = w: weak pull toward the base
-                # a base value of 0 (e.g. a fitted kernel overhead of 0 in a calibrated base) has no scale
-                anchored = np.nonzero(prior > 0)[0]
-                pull = np.zeros((len(anchored), a.shape[1]))
-                pull[np.arange(len(anchored)), k + anchored] = prior_weight / prior[anchored]
-                a, b = np.vstack([a, pull]), np.concatenate([b, np.full(len(anchored), prior_weight)])
-            solution = nnls(a, b)
-            current = np.concatenate([floor + cumulative @ solution[:k], solution[k:]])
-            signature = tuple(sides for _, sides in built)
-            if signature == previous:
-                break
-            previous = signature
-        predicted = np.array([model.predict(terms, precision, current) for terms, precision in rows])
-        error = float(np.sum(((predicted - y) / y) ** 2))
-        if best is None or error < best[0]:
-            best = (error, current, iteration)
-    assert best is not None
-    return best[1], best[2]
-
-
 def calibrate(records: RecordSet, base: SystemSpec, *, knots: Sequence[float] = DEFAULT_KNOTS_GFLOP,
-              max_efficiency: float = 1.25, prior_weight: float = PRIOR_WEIGHT,
+              max_efficiency: float = MAX_EFFICIENCY, prior_weight: float = PRIOR_WEIGHT,
               name: str = "calibrated") -> Calibration:
     """Fit `base`'s accelerator (and network, from comm records) to the measured records."""
+    if not 0 < max_efficiency <= MAX_EFFICIENCY_LIMIT:
+        raise UsageError(f"--max-efficiency must be in (0, {MAX_EFFICIENCY_LIMIT:g}], got {max_efficiency:g}: "
+                         f"it is a fraction of the measured large-GEMM rate")
     notes: list[str] = []
     points = _one_host(records.steps, notes)
     if not points:
@@ -193,7 +108,8 @@ def calibrate(records: RecordSet, base: SystemSpec, *, knots: Sequence[float] = 
         if point.workload.precision not in peaks:
             raise UsageError(f"no matrix peak for {point.workload.precision}: the records lack gemm_GFLOPps and "
                              f"the base system {base.name} has no {point.workload.precision} entry")
-    rows, targets = [], []
+    rows: list[tuple[Terms, str]] = []
+    targets = []
     for point in points:
         for phase, terms in _terms(point).items():
             rows.append((terms, point.workload.precision))
@@ -203,49 +119,117 @@ def calibrate(records: RecordSet, base: SystemSpec, *, knots: Sequence[float] = 
     theta = np.concatenate([[1.0 / acc.efficiency(g * 1e9) for g in knots],
                             [1.0 / acc.vector_peak(points[0].workload.precision), 1.0 / acc.memory_bytes_per_s,
                              acc.kernel_overhead_us * 1e-6]])
-    model = _Model(knots, peaks, acc.flash_efficiency)
+    model = PhaseModel(knots, peaks, acc.flash_efficiency)
     k = len(knots)
     prior = theta[k:].copy()
-    theta, iterations = _fit(model, rows, y, theta, floor, prior, prior_weight)
-    fitted = _accelerator(acc, peaks, knots, theta, acc.flash_efficiency, notes=None)
+    free_knots = constrained_knots(rows, knots)
+    tie = tie_matrix(knots, free_knots)
+    theta, iterations, fixed = _fit_physical(model, rows, y, theta, floor, tie, prior, prior_weight)
+    fitted = _accelerator(acc, peaks, knots, theta, acc.flash_efficiency)
     # fused-attention efficiency from attention records, against the fitted curve and overhead; then refit
     flash = _flash_efficiency(records.attention, fitted, notes)
     if flash != acc.flash_efficiency:
         model.flash = flash
-        theta, iterations = _fit(model, rows, y, theta, floor, prior, prior_weight)
-    fitted = _accelerator(acc, peaks, knots, theta, flash, notes)
-    for name_, fitted_value, base_value in zip(("elementwise rate", "bandwidth", "kernel overhead"), theta[k:], prior):
-        if fitted_value > 0 and base_value > 0 and abs(fitted_value / base_value - 1) < 1e-3:
-            notes.append(f"the records do not constrain the {name_}: it stays at the base system's value")
-    inverse, x_vector, x_bytes, x_kernel = theta[:k], theta[k], theta[k + 1], theta[k + 2]
+        theta, iterations, fixed = _fit_physical(model, rows, y, theta, floor, tie, prior, prior_weight)
+    fitted = _accelerator(acc, peaks, knots, theta, flash)
     network = _network(records.comm, base, notes)
     hosts = sorted({p.host for p in points})
     system = SystemSpec(name=name, accelerator=fitted, network=network,
                         description=f"fitted by stepscope calibrate to {len(points)} step configurations on "
                                     f"{', '.join(hosts)} ({len(y)} phases)")
-    parameters = {**{f"efficiency_at_{g:g}_GFLOP": 1.0 / inv for g, inv in zip(knots, inverse)},
-                  "vector_GFLOPps": 1.0 / x_vector / 1e9 if x_vector > 0 else float("nan"),
-                  "bandwidth_GBps": 1.0 / x_bytes / 1e9 if x_bytes > 0 else float("nan"),
-                  "kernel_overhead_us": x_kernel * 1e6, "flash_efficiency": flash,
+    inverse, x_vector, x_bytes, x_kernel = theta[:k], theta[k], theta[k + 1], theta[k + 2]
+    parameters = {**{f"efficiency_at_{g:g}_GFLOP": float(1.0 / inv) for g, inv in zip(knots, inverse)},
+                  "vector_GFLOPps": float(1.0 / x_vector / 1e9), "bandwidth_GBps": float(1.0 / x_bytes / 1e9),
+                  "kernel_overhead_us": float(x_kernel * 1e6), "flash_efficiency": flash,
                   **{f"matrix_peak_{p}_GFLOPps": v / 1e9 for p, v in sorted(peaks.items()) if p in measured_peaks}}
-    return Calibration(system=system, points=points, parameters=parameters, iterations=iterations, notes=notes)
+    sources = _sources(knots, free_knots, theta, floor, fixed, prior, base.name, flash != acc.flash_efficiency,
+                       measured_peaks)
+    notes.extend(_identification_notes(sources, knots, free_knots, len(y), max_efficiency))
+    return Calibration(system=system, points=points, parameters=parameters, sources=sources,
+                       iterations=iterations, notes=notes)
+
+
+def _fit_physical(model: PhaseModel, rows: list[tuple[Terms, str]], y: np.ndarray, theta: np.ndarray,
+                  floor: float, tie: np.ndarray, prior: np.ndarray,
+                  prior_weight: float) -> tuple[np.ndarray, int, dict[int, float]]:
+    """`fit`, then hold at the base value every rate or overhead the fit drove to 0 and fit the rest again.
+    A 1/rate of 0 is an infinite rate; an overhead of 0 is the records saying it is too small to resolve.
+    Either way the records did not determine it, and the other parameters must be fitted with the value
+    the written system will actually carry (else the curve absorbs time that the system then adds back)."""
+    fixed: dict[int, float] = {}
+    while True:
+        theta, iterations = fit(model, rows, y, theta, floor, tie, fixed, prior, prior_weight)
+        driven_to_zero = {j: float(prior[j]) for j in range(len(SCALARS))
+                          if j not in fixed and theta[model.k + j] <= 0 and prior[j] > 0}
+        if not driven_to_zero:
+            return theta, iterations, fixed
+        fixed.update(driven_to_zero)
+
+
+def _sources(knots: Sequence[float], free: list[int], theta: np.ndarray, floor: float, fixed: dict[int, float],
+             prior: np.ndarray, base: str, flash_fitted: bool, measured_peaks: dict[str, list[float]]) -> dict[str, str]:
+    """parameter -> where its value comes from (see `Calibration.sources`)."""
+    k = len(knots)
+    out: dict[str, str] = {}
+    for i, g in enumerate(knots):
+        key = f"efficiency_at_{g:g}_GFLOP"
+        if i in free:
+            out[key] = "fitted, at the cap" if theta[i] <= floor * (1 + 1e-9) else "fitted"
+        elif i < free[0]:
+            out[key] = f"not constrained: flat from {knots[free[0]]:g} GFLOP (no op this small)"
+        elif i > free[-1]:
+            out[key] = f"not constrained: flat from {knots[free[-1]]:g} GFLOP (no op this large)"
+        else:
+            out[key] = "not constrained: interpolated (no op near it)"
+    for j, scalar in enumerate(SCALARS):
+        key = SCALAR_NAMES[scalar]
+        value = theta[k + j]
+        if j in fixed:
+            out[key] = f"not constrained: kept from {base} (the fit drove it to 0)"
+        elif prior[j] > 0 and value > 0 and abs(value / prior[j] - 1) < 1e-3:
+            out[key] = f"not constrained: stays at {base}'s value"
+        else:
+            out[key] = "fitted"
+    out["flash_efficiency"] = ("fitted to attention records" if flash_fitted
+                               else f"not constrained: kept from {base} (no attention records)")
+    for p in sorted(measured_peaks):
+        out[f"matrix_peak_{p}_GFLOPps"] = "measured (gemm_GFLOPps)"
+    return out
+
+
+def _identification_notes(sources: dict[str, str], knots: Sequence[float], free: list[int], phases: int,
+                          max_efficiency: float) -> list[str]:
+    """Say what the records did not determine, and whether the fit is underdetermined."""
+    notes = []
+    unconstrained = [name for name, source in sources.items() if source.startswith("not constrained")]
+    nominal = len(knots) + len(SCALARS)
+    free_count = len(free) + sum(1 for s in SCALARS if sources[SCALAR_NAMES[s]] == "fitted")
+    if unconstrained:
+        notes.append(f"not constrained by these records (tied or kept, see source): {', '.join(unconstrained)}")
+    if phases < nominal:
+        notes.append(f"underdetermined: {phases} measured phases for {nominal} parameters (curve knots, vector rate, "
+                     f"bandwidth, kernel overhead); {free_count} fitted, the rest tied or kept (see source)"
+                     + ("; still more than the phases: the fitted values are one physical explanation of the "
+                        "records (monotone curve, capped, pulled toward the base), not the only one"
+                        if free_count > phases else ""))
+    capped = [f"{knots[i]:g}" for i in free if sources[f"efficiency_at_{knots[i]:g}_GFLOP"] == "fitted, at the cap"]
+    if capped:
+        notes.append(f"the efficiency at {', '.join(capped)} GFLOP sits at the cap {max_efficiency:g} (the measured "
+                     f"GEMM peak): "
+                     + ("one of many equally good fits of too few phases" if free_count > phases else
+                        "the records ask for more, as when the peak measurement ran slow "
+                        "(--max-efficiency allows a margin)"))
+    return notes
 
 
 def _accelerator(acc: Accelerator, peaks: dict[str, float], knots: Sequence[float], theta: np.ndarray,
-                 flash: float, notes: list[str] | None) -> Accelerator:
-    """The base accelerator with the fitted parameters (unidentified ones kept from the base)."""
+                 flash: float) -> Accelerator:
+    """The base accelerator with the fitted parameters (θ carries the kept values of unidentified ones)."""
     k = len(knots)
     inverse, x_vector, x_bytes, x_kernel = theta[:k], theta[k], theta[k + 1], theta[k + 2]
-    if notes is not None and x_vector <= 0:
-        notes.append("no phase was limited by elementwise compute: the vector rate is kept from the base system")
-    if notes is not None and x_bytes <= 0:
-        notes.append("no phase was limited by memory bandwidth: the bandwidth is kept from the base system")
-    vector_tflops = {p: (1.0 / x_vector / 1e12 if x_vector > 0 else acc.vector_TFLOPps.get(p, 1.0))
-                     for p in sorted(set(acc.vector_TFLOPps) | set(peaks))}
+    vector_tflops = {p: 1.0 / x_vector / 1e12 for p in sorted(set(acc.vector_TFLOPps) | set(peaks))}
     return replace(acc, name=f"{acc.name} (calibrated)", matrix_TFLOPps={p: v / 1e12 for p, v in peaks.items()},
-                   vector_TFLOPps=vector_tflops,
-                   hbm_GBps=(1.0 / x_bytes / 1e9) if x_bytes > 0 else acc.hbm_GBps * acc.memory_efficiency,
-                   memory_efficiency=1.0,
+                   vector_TFLOPps=vector_tflops, hbm_GBps=1.0 / x_bytes / 1e9, memory_efficiency=1.0,
                    matrix_efficiency_by_GFLOP=tuple((g, float(1.0 / inv)) for g, inv in zip(knots, inverse)),
                    kernel_overhead_us=float(x_kernel * 1e6), flash_efficiency=flash)
 
