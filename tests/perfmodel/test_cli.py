@@ -86,7 +86,7 @@ def _write_step_records(folder, points):
 
 def test_calibrate_writes_a_system_that_compare_uses(cli, tmp_path):
     _write_step_records(tmp_path / "measured", synthetic_points(TRUE))
-    system = tmp_path / "fitted.toml"
+    system = tmp_path / "systems" / "fitted.toml"  # a folder --system-out creates
     code, out, err = cli("calibrate", tmp_path / "measured", "--system-out", system, "--knots",
                          ",".join(map(str, KNOTS)), "--prior-weight", "0", "--out", tmp_path)
     assert code == 0, err

@@ -59,8 +59,12 @@ def run(args: argparse.Namespace) -> int:
     max_efficiency = MAX_EFFICIENCY if args.max_efficiency is None else parse_list(args.max_efficiency, float,
                                                                                    "--max-efficiency")[0]
     target = Path(args.system_out)
-    if target.is_dir() or not target.parent.exists():
-        raise UsageError(f"cannot write the system to {target} (not a file in an existing folder)")
+    if target.is_dir():
+        raise UsageError(f"cannot write the system to {target}: it is a folder")
+    try:  # like --out, a missing folder is created (before the fit, so a bad path costs nothing)
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"cannot write the system to {target}: {error.strerror or error}") from None
     records = load_records(args.records, where)
     store = RecordStore(args.out, "calibrate").check_writable()
     printer = Printer(args.format)
