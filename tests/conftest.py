@@ -1,10 +1,13 @@
-"""Shared test setup: a private GEMM-rate cache, a CLI runner, free ports."""
+"""Shared test setup: a private GEMM-rate cache, a CLI runner, free ports, a real Ctrl-C to a sweep."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,3 +43,25 @@ def free_port() -> int:
 
 STEPSCOPE = [sys.executable, "-m", "stepscope"]
 REPO = Path(__file__).resolve().parents[1]
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment of a `stepscope` child process: this checkout's sources first."""
+    return dict(os.environ, PYTHONPATH=str(REPO / "src"))
+
+
+def interrupt_sweep(argv: list[str], records: Path, after_lines: int, cwd: Path) -> tuple[int, str]:
+    """Start a real `stepscope` sweep, send it SIGINT once `records` holds `after_lines` lines, and return
+    (exit code, stderr). The sweep never outlives the test, whatever happens."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=subprocess_env(), cwd=cwd)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (records.exists() and records.read_text().count("\n") >= after_lines):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err.decode()

@@ -1,14 +1,11 @@
 """`stepscope attention` end to end on tiny sizes: tables, records, the plot, both presets, bad input, Ctrl-C."""
 
-import os
-import signal
 import subprocess
-import time
 
 import pytest
 
 from stepscope.results.store import read_records
-from tests.conftest import REPO, STEPSCOPE
+from tests.conftest import STEPSCOPE, interrupt_sweep, subprocess_env
 
 TINY = ["--impl", "naive,sdpa,flash-torch", "--batch", "2", "--heads", "2", "--dim", "16", "--warmup", "0",
         "--iters", "2", "--device", "cpu", "--startup", "0.1"]
@@ -79,24 +76,13 @@ def test_ctrl_c_keeps_finished_points_and_resume_completes(tmp_path):
     argv = STEPSCOPE + ["attention", *TINY, "--impl", "sdpa,flash-torch", "--iters", "80", "--no-plot",
                         "--seq", "64,96,128,160,192,224", "--out", str(tmp_path)]
 
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
-    try:
-        path = tmp_path / "attention.jsonl"
-        deadline = time.time() + 120
-        while time.time() < deadline and not (path.exists() and path.read_text().count("\n") >= 2):
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:  # never leave a sweep running behind a failed test
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err.decode()
+    path = tmp_path / "attention.jsonl"
+    code, err = interrupt_sweep(argv, path, after_lines=2, cwd=tmp_path)
+    assert code == 130, err
+    assert "Traceback" not in err
     kept = read_records(path)
     assert 2 <= len(kept) < 12  # Ctrl-C may even land between the two records of one point
-    done = subprocess.run(argv + ["--resume"], capture_output=True, text=True, env=env, cwd=tmp_path,
+    done = subprocess.run(argv + ["--resume"], capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path,
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert f"skipped {len(kept)} record(s)" in done.stdout

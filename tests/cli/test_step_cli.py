@@ -2,15 +2,12 @@
 
 import csv
 import io
-import os
-import signal
 import subprocess
-import time
 
 import pytest
 
 from stepscope.results.store import read_records
-from tests.conftest import REPO, STEPSCOPE
+from tests.conftest import STEPSCOPE, interrupt_sweep, subprocess_env
 
 TINY = ["--model", "tiny", "--batch", "2", "--seq", "16", "--warmup", "0", "--iters", "2"]
 
@@ -125,24 +122,14 @@ def test_ctrl_c_keeps_finished_points_and_resume_skips_them(tmp_path):
     """A real SIGINT to a real sweep; then --resume finishes it without duplicates."""
     argv = STEPSCOPE + ["step", "--model", "tiny", "--batch", "2", "--warmup", "0", "--iters", "10",
                         "--seq", "16,32,48,64,80,96", "--out", str(tmp_path)]
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
-    try:
-        path = tmp_path / "step.jsonl"
-        deadline = time.time() + 120
-        while time.time() < deadline and not (path.exists() and path.read_text().count("\n") >= 1):
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:  # never leave a sweep running behind a failed test
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err.decode()
+    path = tmp_path / "step.jsonl"
+    code, err = interrupt_sweep(argv, path, after_lines=1, cwd=tmp_path)
+    assert code == 130, err
+    assert "Traceback" not in err
     kept = read_records(path)
     assert 1 <= len(kept) < 6
-    done = subprocess.run(argv + ["--resume"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    done = subprocess.run(argv + ["--resume"], capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
     seqs = [r["config"]["seq"] for r in read_records(path)]
     assert sorted(seqs) == [16, 32, 48, 64, 80, 96]  # every point exactly once
