@@ -83,3 +83,17 @@ def test_rejection_counts_follow_the_rules():
         "tp=3 does not divide n_heads=32"
     assert result.rejected["dp divides global batch"] == 1  # tp=1 leaves dp=3
     assert result.evaluated == 0 and "no valid plan" in result.why_none()
+
+
+
+def test_top_k_is_k_distinct_answers_with_complete_tie_counts():
+    # GPT-3 175B on 1,024 A100s: equal plans (placements that put the same groups on the same links, ZeRO
+    # stages that cost the same) are many, more than a fixed multiple of k would keep
+    spec, system = get_preset("gpt3-175b"), load_system("A100-80GB")
+    workload = Workload(batch=1536, seq=2048, precision="bf16", mode="train")
+    wide = search(spec, workload, system, 1024, top_k=40).top
+    answers = [(m["tokens_per_s"], m["mem_GiB"], m["equivalent_plans"]) for _, m in wide]
+    assert len(answers) == 40 and len(set(answers)) == 40
+    assert sum(e for *_, e in answers[:10]) > 3 * 10  # ties heavy enough to matter
+    top = search(spec, workload, system, 1024, top_k=10).top
+    assert [(m["tokens_per_s"], m["mem_GiB"], m["equivalent_plans"]) for _, m in top] == answers[:10]

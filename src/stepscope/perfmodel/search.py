@@ -212,7 +212,7 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
         ok = out["feasible"]
         i = int(np.argmin(out["mem_GiB"]))
         smallest = (float(out["mem_GiB"][i]), cands.subset([i]), {name: v[[i]] for name, v in out.items()})
-        return len(cands), int(ok.sum()), _top(cands, out, ok, _KEEP * top_k) if ok.any() else None, smallest
+        return len(cands), int(ok.sum()), _top(cands, out, ok, top_k) if ok.any() else None, smallest
 
     evaluated = feasible = 0
     best: list[tuple] = []
@@ -225,7 +225,7 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
             evaluated += n
             feasible += n_ok
             if chunk_top is not None:
-                best = [_merge(best + [chunk_top], _KEEP * top_k)]
+                best = [_merge(best + [chunk_top], top_k)]
             if closest is None or smallest[0] < closest[0]:
                 closest = smallest
             if progress:
@@ -239,9 +239,10 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
         # ties (e.g. selective recompute with flash attention changes nothing, or two placements that put the
         # same groups on the same links) are one answer: the simpler plan stands for them, the rest are counted
         order = np.lexsort((cands.placement, cands.recompute, cands.zero, out["mem_GiB"], -out["tokens_per_s"]))
+        speed, memory = _rounded_speed(out), np.round(out["mem_GiB"], 9)
         kept: dict[tuple[float, float], int] = {}
         for i in order:
-            tie = (round(float(out["tokens_per_s"][i]), 6), round(float(out["mem_GiB"][i]), 9))
+            tie = (float(speed[i]), float(memory[i]))
             if tie in kept:
                 top[kept[tie]][1]["equivalent_plans"] += 1
             elif len(top) < top_k:
@@ -257,18 +258,27 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
                         enumerate_s=enumerate_s, evaluate_s=evaluate_s, closest=near)
 
 
-# partial top lists keep this many times k plans, so that k distinct answers survive the collapse of ties
-_KEEP = 4
-
-
 def _scalar(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
+def _rounded_speed(out: dict[str, np.ndarray]) -> np.ndarray:
+    """tokens/s as plans are compared: equal to 6 decimals is a tie (one answer, see `search`)."""
+    return np.round(out["tokens_per_s"], 6)
+
+
 def _top(cands: Candidates, out: dict[str, np.ndarray], ok: np.ndarray, k: int):
+    """The feasible candidates at or above the k-th best distinct speed: k distinct answers survive the
+    collapse of ties, and every tie of theirs is kept, so that the `equivalent` counts are complete."""
     index = np.nonzero(ok)[0]
-    if len(index) > k:
-        index = index[np.argpartition(-out["tokens_per_s"][index], k - 1)[:k]]
+    speed = _rounded_speed(out)[index]
+    m = min(4 * k, len(speed))
+    # every speed above the minimum of the best m is among them, so their k-th distinct one is the overall one
+    distinct = np.unique(speed[np.argpartition(-speed, m - 1)[:m]])
+    if len(distinct) < k:  # heavy ties: look at every distinct speed
+        distinct = np.unique(speed)
+    if len(distinct) > k:
+        index = index[speed >= distinct[-k]]
     return (0.0, 0, cands.subset(index), {key: value[index] for key, value in out.items()})
 
 
