@@ -27,6 +27,7 @@ def test_sweep_prints_side_by_side_table_writes_records_and_plot(cli, tmp_path):
 @pytest.mark.parametrize("grid, expected", [
     ("naive-sweep", {"causal": False, "passes": ["fwd", "bwd"], "dtypes": {"fp32"}, "batch": 8}),
     ("flash-sweep", {"causal": True, "passes": ["fwd", "bwd", "fwd-bwd"], "dtypes": {"bf16", "fp32"}, "batch": 1}),
+    ("gpu-goal", {"causal": True, "passes": ["fwd-bwd"], "dtypes": {"fp32"}, "batch": 8}),
 ])
 def test_presets_run_with_overrides_and_plot(cli, tmp_path, grid, expected):
     code, out, err = cli("attention", "--grid", grid, "--seq", "32,64", "--dim", "16", "--warmup", "0",

@@ -110,7 +110,9 @@ def autotuned_kernels(do_bench: Callable | None = None) -> dict[str, Any]:
     """Autotuned launchers, built on first use; `do_bench(fn, quantiles)` replaces Triton's GPU timer
     (tests use a CPU clock to run the autotuning path under the interpreter)."""
     key = ["n_queries", "n_keys", "HEAD_DIM", "IS_CAUSAL", "PRECISION"]
-    tune = dict(key=key, prune_configs_by={"early_config_prune": _prune}, do_bench=do_bench)
+    tune: dict[str, Any] = dict(key=key, prune_configs_by={"early_config_prune": _prune})
+    if do_bench is not None:  # autotune(do_bench=) exists from Triton 3.3 on; without it Triton times on the GPU
+        tune["do_bench"] = do_bench
     even_k = triton.heuristics({"EVEN_K": lambda args: args["n_keys"] % args["BLOCK_K"] == 0})
     return {
         "fwd": triton.autotune(_configs((64, 128), (32, 64, 128), (2, 3, 4)), **tune)(even_k(kernels.flash_fwd_kernel)),
