@@ -53,7 +53,10 @@ def subprocess_env() -> dict[str, str]:
 def interrupt_sweep(argv: list[str], records: Path, after_lines: int, cwd: Path) -> tuple[int, str]:
     """Start a real `stepscope` sweep, send it SIGINT once `records` holds `after_lines` lines, and return
     (exit code, stderr). The sweep never outlives the test, whatever happens."""
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=subprocess_env(), cwd=cwd)
+    # a runner that starts jobs in the background (nohup, some CI shells) makes SIGINT ignored, and Python
+    # then installs no KeyboardInterrupt handler in the child: restore the default so Ctrl-C means Ctrl-C
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=subprocess_env(), cwd=cwd,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not (records.exists() and records.read_text().count("\n") >= after_lines):
