@@ -57,6 +57,7 @@ def test_oom_becomes_a_row_and_resume_skips_done_points(cli, tmp_path, monkeypat
     (["--mode", "infer"], "invalid choice 'infer'"),
     (["--top", "0"], "invalid positive_int value"),
     (["--plot-dir", "{blocker}/plots"], "cannot write timeline plots"),
+    (["--out", "{blocker}"], "is a file, not a folder (--out names a folder"),  # not "timeline plots: File exists"
 ])
 def test_bad_input_is_one_line_exit_2_and_no_work(cli, tmp_path, args, message):
     blocker = tmp_path / "blocker"
@@ -66,3 +67,24 @@ def test_bad_input_is_one_line_exit_2_and_no_work(cli, tmp_path, args, message):
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "out" / "memory.jsonl").exists()
+
+
+def test_md_prints_the_sweep_summary_like_step_and_json_rows_carry_the_thread_count(cli, tmp_path):
+    import json
+
+    import torch
+
+    threads = str(torch.get_num_threads())
+    code, out, err = cli("memory", *TINY, "--n-layers", "1", "--seq", "16", "--no-plot", "--format", "md",
+                         "--out", tmp_path)
+    assert code == 0, err
+    assert "**memory sweep summary (MiB)**" in out
+    header, _, *rows = out.split("**memory sweep summary (MiB)**")[1].strip().splitlines()
+    names = header.strip("| ").split(" | ")
+    cells = [dict(zip(names, row.strip("| ").split(" | "))) for row in rows if row.startswith("|")]
+    assert [(c["mode"], c["threads"]) for c in cells] == [("fwd", threads), ("train", threads)]  # not `-`
+    code, out, err = cli("memory", *TINY, "--n-layers", "1", "--seq", "8", "--mode", "fwd", "--no-plot",
+                         "--format", "json", "--out", tmp_path)
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert rows and {row["threads"] for row in rows} == {int(threads)}

@@ -1,5 +1,7 @@
 """`stepscope profile` end to end on the tiny model: tables, records per table, trace, --memory, bad input."""
 
+import csv
+import io
 import json
 
 import pytest
@@ -52,6 +54,7 @@ def test_sweep_json_output_with_memory(cli, tmp_path):
     (["--nvtx"], "--nvtx needs a CUDA device"),
     (["--trace", "{blocker}/trace.json"], "cannot write the trace"),
     (["--out", "{blocker}/out"], "cannot write results"),
+    (["--out", "{blocker}"], "is a file, not a folder"),
 ])
 def test_bad_input_is_one_line_exit_2_and_no_work(cli, tmp_path, args, message):
     blocker = tmp_path / "blocker"
@@ -61,3 +64,43 @@ def test_bad_input_is_one_line_exit_2_and_no_work(cli, tmp_path, args, message):
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "out" / "profile.jsonl").exists() or read_records(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("out, trace, message", [
+    ("P", "P", "collides with the results folder --out P"),  # neither exists yet: the trace check alone passes
+    ("P", "./P/", "collides with the results folder"),
+    ("a/b", "a", "collides with the results folder --out a/b"),
+    ("P", "P/profile.jsonl", "a name the results folder --out P uses for its own files"),
+    ("P", "P/../P/profile-op.jsonl", "a name the results folder"),
+])
+def test_a_trace_colliding_with_the_results_folder_is_refused_up_front(cli, tmp_path, monkeypatch, out, trace,
+                                                                       message):
+    monkeypatch.chdir(tmp_path)
+    code, stdout, err = cli("profile", *TINY, "--out", out, "--trace", trace)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == [] and "trace:" not in stdout  # nothing created, no work done
+
+
+def test_trace_per_point_may_not_land_on_a_results_file_and_memory_timelines_are_kept(cli, tmp_path):
+    code, _, err = cli("profile", *TINY, "--seq", "8,16", "--out", tmp_path, "--trace", tmp_path / "x.jsonl")
+    assert code == 2 and "x.p0.jsonl" in err  # show would read a .jsonl trace in the folder as records
+    code, _, err = cli("profile", *TINY, "--memory", "--out", tmp_path, "--trace", tmp_path / "memory-t.png")
+    assert code == 2 and "memory-*.png timelines" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_warmup_0_warns_nothing_and_csv_rows_carry_the_thread_count(cli, tmp_path):
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, out, err = cli("profile", *TINY, "--warmup", "0", "--format", "csv", "--out", tmp_path)
+    assert code == 0, err
+    assert not [w for w in caught if "warmup" in str(w.message)], [str(w.message) for w in caught]
+    assert "Warning" not in err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert rows and {row["threads"] for row in rows} == {str(torch.get_num_threads())}  # not blank
+    summary, = read_records(tmp_path / "profile.jsonl")
+    assert summary["config"]["warmup"] == 0 and summary["config"]["threads"] is None

@@ -39,3 +39,26 @@ def test_views_render_every_format():
     assert render(rows, fmt="csv").splitlines()[0] == "kind,status,model,d,t_ms"
     assert render(rows, fmt="md").splitlines()[1].startswith("|---|")
     assert json.loads(render(rows, fmt="json"))["model"] == "tiny"
+
+
+def test_out_that_is_a_file_is_refused_as_not_a_folder(tmp_path):
+    import pytest
+
+    from stepscope.errors import UsageError
+
+    blocker = tmp_path / "passwd"
+    blocker.write_text("root\n")
+    with pytest.raises(UsageError, match=r"^cannot write results to .*passwd: it is a file, not a folder \(--out"):
+        RecordStore(blocker, "step").check_writable()
+    with pytest.raises(UsageError, match=r"passwd/sub: .*passwd is a file, not a folder"):
+        RecordStore(blocker / "sub", "step").check_writable()
+    assert blocker.read_text() == "root\n"
+
+
+def test_record_row_env_columns_are_prefixed_and_optional():
+    record = make_record("step", {"seq": 8, "threads": None}, {"t_ms": 1.0, "threads": 2},
+                         env={"hostname": "vm", "threads": 2, "torch": "2.0"})
+    assert not any(key.startswith("env.") for key in record_row(record))
+    row = record_row(record, env=True)
+    assert row["env.hostname"] == "vm" and row["env.threads"] == 2 and row["env.torch"] == "2.0"
+    assert row["threads"] == 2 and row["seq"] == 8

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.measure.device import resolve_device
     from stepscope.measure.outputs import check_writable_dir, check_writable_file, point_path, rank_path
     from stepscope.measure.step import StepConfig
-    from stepscope.measure.tables import TableEmitter, check_tables_writable
+    from stepscope.measure.tables import TableEmitter, check_tables_writable, effective_threads
+    from stepscope.results.store import check_results_folder
 
     configs = [memory.MemoryConfig(
         step=StepConfig(model=spec, workload=workload, attention=attention, device=args.device, compile=args.compile,
@@ -60,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--snapshot needs a CUDA device (on CPU the timeline PNG shows the allocations)")
         for index in range(len(configs)):
             check_writable_file(rank_path(point_path(args.snapshot, index, len(configs))), "the snapshot")
+    check_results_folder(args.out)  # before the plots, which default to it: `--out FILE` says "not a folder"
     plot_dir = None if args.no_plot else check_writable_dir(args.plot_dir or args.out, "timeline plots")
     check_tables_writable(args.out, ["memory", *memory.TABLE_KINDS])
     printer = Printer(args.format)
@@ -75,10 +77,11 @@ def run(args: argparse.Namespace) -> int:
     outcome = memory.run_memory_sweep(configs, args.out, resume=args.resume, plot_dir=plot_dir,
                                       snapshot=args.snapshot, on_record=on_record)
     emitter.finish()
-    if len(outcome.records) > 1 and args.format == "table":
+    if len(outcome.records) > 1 and args.format in ("table", "md"):  # as `stepscope step`
         from stepscope.results.views import record_row
 
-        rows = [{**record_row(r), "timeline": timelines.get(r["key"])} for r in outcome.records]
+        rows = [{**record_row(r), "threads": effective_threads(r), "timeline": timelines.get(r["key"])}
+                for r in outcome.records]
         columns = [c for c in SUMMARY_COLUMNS if any(row.get(c) is not None for row in rows)]
         printer.emit(rows, title="memory sweep summary (MiB)", columns=columns)
     if outcome.skipped:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import itertools
+from pathlib import Path
 
 from stepscope.cli.options import (add_model_options, add_output_options, add_threads_option, non_negative_int,
                                    positive_int, threads_list)
@@ -54,12 +56,14 @@ def run(args: argparse.Namespace) -> int:
         for (spec, workload, attention), threads in itertools.product(workload_grid(args), threads_list(args))]
     for config in configs:
         config.validate()
-    if args.trace is not None:
-        for index in range(len(configs)):
-            check_writable_file(rank_path(point_path(args.trace, index, len(configs))), "the trace")
     naive = any(config.step.attention == "naive" for config in configs)
     kinds = ["profile", *(k for k in profile.TABLE_KINDS if naive or k != "profile-attention")]
     kinds += ["memory", *memory.TABLE_KINDS] if args.memory else []
+    if args.trace is not None:
+        traces = [rank_path(point_path(args.trace, index, len(configs))) for index in range(len(configs))]
+        check_trace_apart(args.trace, traces, args.out, plots=args.memory)
+        for path in traces:
+            check_writable_file(path, "the trace")
     check_tables_writable(args.out, kinds)
     printer = Printer(args.format)
     emitter = TableEmitter(printer)
@@ -83,3 +87,23 @@ def run(args: argparse.Namespace) -> int:
     printer.note(f"records: {args.out}/profile.jsonl and {args.out}/profile-*.jsonl")
     return 0
 
+
+def check_trace_apart(trace: str, paths: list[Path], out: str, *, plots: bool) -> None:
+    """Refuse trace files that would be the results folder, contain it, or take a name the folder uses for
+    its own files (`*.jsonl` records, which `stepscope show` reads; with --memory the `memory-*.png`
+    timelines): the trace's own check passes while --out does not exist yet, and then one write fails or
+    overwrites the other."""
+    from stepscope.errors import UsageError
+
+    folder = Path(out).resolve()
+    example = Path(out) / "trace.json"
+    for path in paths:
+        target = path.resolve()
+        if target == folder or target in folder.parents:
+            raise UsageError(f"--trace {trace} collides with the results folder --out {out}: name a trace file "
+                             f"of its own (e.g. {example})")
+        if target.parent == folder and (target.suffix == ".jsonl"
+                                        or (plots and fnmatch.fnmatch(target.name, "memory-*.png"))):
+            owned = "*.jsonl records" + (", memory-*.png timelines" if plots else "")
+            raise UsageError(f"--trace {trace} would write {path}, a name the results folder --out {out} uses for "
+                             f"its own files ({owned}): name the trace e.g. {example}")

@@ -58,6 +58,7 @@ def workload_grid(args: argparse.Namespace) -> list[tuple]:
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
     from stepscope.measure.step import PHASE_COLUMNS, StepConfig, run_step_sweep
+    from stepscope.measure.tables import effective_threads
     from stepscope.results.store import RecordStore
 
     warmups = parse_list(args.warmup, non_negative_int, "--warmup")
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     def show(record, config, result) -> None:
         if args.format in ("csv", "json"):  # one row shape for every point, oom rows included (one CSV header)
             identity = {"model": config.model.name, **config.workload.to_dict(), "attention": config.attention,
-                        "warmup": config.warmup, "threads": config.threads, "status": record["status"]}
+                        "warmup": config.warmup, "threads": effective_threads(record), "status": record["status"]}
             rows = [{**identity, **row} for row in result.rows()] if result is not None else [
                 {**identity, "note": record.get("note")}]
             printer.emit(rows, columns=[*identity, *PHASE_COLUMNS, "note"])

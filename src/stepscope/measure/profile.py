@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -158,8 +159,12 @@ def profile_step(config: ProfileConfig, trace_path: str | Path | None = None) ->
             if trace_path is not None:
                 profiler.export_chrome_trace(str(trace_path))
 
-        schedule = torch.profiler.schedule(wait=config.wait, warmup=step_config.warmup, active=config.active,
-                                           repeat=1)
+        with warnings.catch_warnings():
+            # `--warmup 0` is the user's explicit choice, and torch warns about it on stderr at every point
+            # ("Profiler won't be using warmup"); only that message is silenced, only while the schedule is built
+            warnings.filterwarnings("ignore", message="Profiler won't be using warmup", category=UserWarning)
+            schedule = torch.profiler.schedule(wait=config.wait, warmup=step_config.warmup, active=config.active,
+                                               repeat=1)
         region = phase_region(config.nvtx)
         total = config.wait + step_config.warmup + config.active
         # shapes and dtypes are only needed to count the naive attention's FLOPs and bytes

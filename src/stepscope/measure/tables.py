@@ -79,7 +79,7 @@ class TableEmitter:
         or the point's `header(config, result)` and its tables."""
 
         def show(record: dict[str, Any], config: Any, result: Any) -> None:
-            point = point_fields(config.step)
+            point = {**point_fields(config.step), "threads": effective_threads(record)}
             if result is None:  # an oom row: in the CSV block too, which has one header for every row
                 self._emit_rows([{"table": record["kind"], **point, "status": record["status"],
                                   "note": record.get("note")}])
@@ -97,6 +97,13 @@ class TableEmitter:
 def point_fields(step: Any) -> dict[str, Any]:
     """The identity of a step point (a StepConfig) in machine-readable output."""
     return {"model": step.model.name, **step.workload.to_dict(), "attention": step.attention, "threads": step.threads}
+
+
+def effective_threads(record: dict[str, Any]) -> int | None:
+    """The intra-op thread count a point ran with, also without --threads (where the config says None):
+    the measured count in the metrics, else the record's environment (an `oom` row has no metrics)."""
+    metrics, env = record.get("metrics") or {}, record.get("env") or {}
+    return metrics.get("threads", env.get("threads"))
 
 
 def point_title(step: Any) -> str:

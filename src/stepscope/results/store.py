@@ -52,6 +52,7 @@ class RecordStore:
 
     def check_writable(self) -> "RecordStore":
         """Create the folder and prove the file can be appended to, before any work is done."""
+        check_results_folder(self.path.parent)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a"):
@@ -79,6 +80,18 @@ class RecordStore:
     def done_keys(self) -> set[str]:
         """Keys of points already recorded (any status but `error`, which a resume retries)."""
         return {r["key"] for r in self.records() if r.get("status") != "error" and "key" in r}
+
+
+def check_results_folder(out_dir: str | os.PathLike) -> Path:
+    """Refuse an output folder that is (or lies under) an existing file, saying so (mkdir would only say
+    `File exists` or `Not a directory`). Creates nothing."""
+    folder = Path(out_dir)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "it" if existing == folder else str(existing)
+        raise UsageError(f"cannot write results to {folder}: {where} is a file, not a folder "
+                         "(--out names a folder for the .jsonl records)")
+    return folder
 
 
 def _ends_without_newline(fd: int) -> bool:

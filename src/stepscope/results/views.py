@@ -96,8 +96,9 @@ def _rich_table(rows: Sequence[dict[str, Any]], columns: list[str], cells: list[
     return "\n".join(line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines())
 
 
-def record_row(record: dict[str, Any]) -> dict[str, Any]:
-    """Flatten a record to one row: kind, status, config fields, metrics (nested names dotted when they clash)."""
+def record_row(record: dict[str, Any], *, env: bool = False) -> dict[str, Any]:
+    """Flatten a record to one row: kind, status, config fields, metrics (nested names dotted when they clash);
+    with `env`, also the environment as `env.<field>` columns (`env.hostname`, `env.torch`, `env.threads`)."""
     row: dict[str, Any] = {"kind": record.get("kind"), "status": record.get("status")}
     flat: list[tuple[str, str, Any]] = []
     for section in ("config", "metrics"):
@@ -109,6 +110,11 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
         row[leaf if counts[leaf] == 1 and leaf not in ("kind", "status") else dotted] = value
     if record.get("note"):
         row["note"] = record["note"]
+    if env:
+        # always prefixed: env fields (threads, device) share names with config and metrics fields
+        env_fields: list[tuple[str, str, Any]] = []
+        _flatten(record.get("env") or {}, "env.", env_fields)
+        row.update((dotted, value) for _, dotted, value in env_fields)
     return row
 
 
