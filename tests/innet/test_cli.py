@@ -15,7 +15,8 @@ from stepscope.results.store import read_records
     ["bench", "--switch", "127.0.0.1:9"], ["train", "--model", "tiny", "--switch", "127.0.0.1:9"],
     ["simulate", "--workers", "1"], ["simulate", "--link-gbps", "1000"], ["simulate", "--loss", "x"],
     ["timeout-profile", "--sto-ms", "x"], ["timeout-profile", "--rto-ms", "0"], ["train", "--model", "nope"],
-    ["train", "--world", "1"], ["train", "--ddp", "fancy"]])
+    ["train", "--world", "1"], ["train", "--ddp", "fancy"], ["simulate", "--straggler", "ranks=1;delay=1ms;steps=3-1"],
+    ["simulate", "--straggler", "ranks=1;delay=1ms;dist=normal"]])
 def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, args):
     code, out, err = cli("innet", *args, "--out", tmp_path)
     assert code == 2 and out == ""
@@ -40,6 +41,16 @@ def test_simulate_prints_bounds_and_counters(cli, tmp_path):
     assert records[0]["metrics"]["ideal_ring_algbw_Gbps"] == pytest.approx(60.0)
 
 
+def test_simulate_straggles_only_at_the_given_steps(cli, tmp_path):
+    code, out, err = cli("innet", "simulate", "--workers", "2", "--op-bytes", "4K", "--workload", "waited",
+                         "--ops", "4", "--stall-prob", "0", "--straggler", "ranks=1;delay=100ms;steps=1",
+                         "--out", tmp_path)
+    assert code == 0, err
+    [record] = read_records(tmp_path / "innet-simulate.jsonl")
+    assert record["config"]["straggler_steps"] == [1, 1]
+    assert 25 <= record["metrics"]["op_ms_mean"] < 50  # one op of four waits 100 ms for the straggler
+
+
 def test_bench_checks_every_result_under_loss(cli, tmp_path):
     code, out, err = cli("innet", "bench", "--world", "2", "--sizes", "1K,6000", "--mode", "per-op,batch",
                          "--batch", "2", "--warmup", "1", "--iters", "2", "--check", "--drop", "0.02",
@@ -57,15 +68,19 @@ def test_bench_checks_every_result_under_loss(cli, tmp_path):
     assert any(r["config"]["job"] and r["metrics"]["ok"] > 0 for r in switch_records)
 
 
-def test_timeout_profile_prints_dpa_layout(cli, tmp_path):
+def test_timeout_profile_prints_dpa_layout_and_applies_the_straggler(cli, tmp_path):
     code, out, err = cli("innet", "timeout-profile", "--world", "2", "--sto-ms", "0.05,5", "--rto-ms", "20,50",
-                         "--ops", "3", "--size", "1K", "--out", tmp_path)
+                         "--ops", "3", "--size", "1K", "--straggler", "ranks=1;delay=100ms;steps=0",
+                         "--out", tmp_path)
     assert code == 0, err
     assert "STO ms (ticks)" in out and "0.05 (1)" in out and "5 (77)" in out and "3 ops batch" in out
-    assert "RTO 50 ms Gb/s" in out
+    assert "RTO 50 ms Gb/s" in out and "injected straggler: ranks 1 +100 ms" in out
     records = read_records(tmp_path / "innet-timeout-profile.jsonl")
     assert len(records) == 2 * (3 + 1)  # 3 workloads at the first RTO, the waited one at the second
     assert all(r["metrics"]["ok"] + r["metrics"]["to"] > 0 for r in records)
+    # rank 1 sleeps 100 ms before each cell's first op: with K = 1 even the 5 ms timeout completes its blocks
+    assert all(r["metrics"]["to"] > 0 for r in records if r["config"]["sto_ms"] == 5)
+    assert all(r["config"]["job"]["faults"]["straggler"]["delay_s"] == 0.1 for r in records)
 
 
 def test_train_prints_bucket_lines_and_step_times(cli, tmp_path):

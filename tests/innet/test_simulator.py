@@ -77,8 +77,16 @@ def test_fastest_k_hides_a_straggler():
     assert tolerant["to"] == tolerant["blocks"]
 
 
+def test_straggler_steps_limit_the_ops_that_straggle():
+    straggler = dict(workers=2, workload="waited", ops=4, op_bytes=4096, stall_prob=0, straggler_ranks=(1,),
+                     straggler_ms=100)
+    every_op = simulate(SimConfig(**straggler))
+    second_op = simulate(SimConfig(**straggler, straggler_steps=(1, 1)))
+    assert every_op["op_ms_mean"] >= 100 > 50 > second_op["op_ms_mean"] >= 100 / 4
+
+
 def test_invalid_configurations_are_usage_errors():
     for bad in (dict(workers=1), dict(link_gbps=1000), dict(pipes=5), dict(k=9), dict(loss=1.0),
-                dict(workload="sometimes"), dict(straggler_ranks=(6,))):
+                dict(workload="sometimes"), dict(straggler_ranks=(6,)), dict(straggler_steps=(3, 1))):
         with pytest.raises(UsageError):
             simulate(SimConfig(**bad))

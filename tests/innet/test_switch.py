@@ -119,9 +119,32 @@ def test_jobs_never_mix_and_foreign_packets_are_counted():
     assert p.unpack(reply).flags & p.BAD and p.values_of(reply, 1)[0] == 6
 
 
+def test_a_full_table_evicts_the_longest_silent_job_that_never_completed_a_block():
+    switch = Switch(SwitchConfig(max_jobs=3, evict_after_s=5.0))
+    params = p.JoinParams(4, 2, 16, 8).to_values()
+
+    def join(job_id, rank, world, address, now):
+        [(reply, _)] = switch.handle(p.pack(p.JOIN, job_id, 0, 0, 0, rank, world, 0, values=params), address, now)
+        return p.unpack(reply).flags & p.BAD == 0
+
+    assert join(1, 0, 1, ADDRESSES[0], 0.0)  # a real job: it completes a block, so it is never evicted
+    assert results(switch.handle(data(0, 1, [1] * 4, job=1), ADDRESSES[0], 0.0))[0][1] == [1] * 4
+    assert join(2, 0, 2, ADDRESSES[1], 0.0) and join(3, 1, 2, ADDRESSES[2], 1.0)  # stray JOINs fill the table
+    assert not join(4, 0, 2, ADDRESSES[3], 4.9)  # nobody unproven has been silent 5 s yet: rejected
+    assert join(4, 0, 2, ADDRESSES[3], 5.0)  # job 2 has: it makes room for job 4
+    assert set(switch.jobs) == {1, 3, 4} and switch.counters["jobs_evicted"] == 1
+    assert switch.job_counters()[2] == {name: 0 for name in p.COUNTERS}  # still in the exit summary
+    switch.handle(p.pack(p.STATS, 4, 0, 0, 0, 0, 2, 0), ADDRESSES[3], 98.0)  # job 4's keep-alive
+    assert join(5, 0, 2, ADDRESSES[4], 100.0)  # evicts job 3 (silent 99 s), not job 4 (2 s) nor job 1 (proven)
+    assert set(switch.jobs) == {1, 4, 5} and switch.counters["jobs_evicted"] == 2
+    assert not join(6, 0, 2, ADDRESSES[5], 100.5)
+    assert (switch.counters["joins_rejected"], switch.counters["jobs_expired"]) == (2, 0)
+
+
 def test_switch_survives_random_datagrams_without_growing():
-    """10,000 random and mutated datagrams over real UDP: no crash, bounded memory, all counted."""
-    with Switch(SwitchConfig(max_jobs=8, idle_s=0.3)) as switch:
+    """10,000 random and mutated datagrams over real UDP: no crash, bounded memory, all counted; the jobs
+    stray JOINs create fill the table, and a real job still gets in without waiting for idle_s (300 s)."""
+    with Switch(SwitchConfig(max_jobs=8, evict_after_s=0.5)) as switch:
         _fuzz(switch)
 
 
@@ -153,12 +176,10 @@ def _fuzz(switch):
     from stepscope.innet.switch_process import probe
 
     assert probe(f"127.0.0.1:{switch.address[1]}")["internal_errors"] == 0  # alive and answering
-    # the jobs random JOINs created expire when idle (idle_s 0.3, checked every second), and the switch
-    # still serves a real job; polled with a deadline, not slept: a loaded machine may delay the check
-    deadline = time.monotonic() + 10
-    while switch.jobs and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not switch.jobs
+    # stray JOINs filled the table with jobs that never completed a block; once they have been silent for
+    # evict_after_s, a real job's JOIN evicts one of them
+    assert len(switch.jobs) == switch.config.max_jobs and not any(j.proven for j in switch.jobs.values())
+    time.sleep(switch.config.evict_after_s + 0.1)
     from tests.innet.conftest import job, run_ranks
 
     def rank(r):
@@ -167,3 +188,4 @@ def _fuzz(switch):
 
     sums = run_ranks(2, rank)
     assert all((x == 3).all() for x in sums)
+    assert switch.counters["jobs_evicted"] == 1 and 77 in switch.job_counters()

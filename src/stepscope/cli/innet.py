@@ -13,8 +13,8 @@ from typing import Any
 from stepscope.cli.options import (add_model_options, add_output_options, choice, non_negative_int, parse_list,
                                    positive_int)
 from stepscope.errors import UsageError
-from stepscope.innet.options import (add_job_options, convert, fraction, job_config, optional_k, positive_float,
-                                     size_bytes)
+from stepscope.innet.options import (add_job_options, convert, fraction, job_config, non_negative_float, optional_k,
+                                     positive_float, size_bytes)
 
 BENCH_COLUMNS = ["size_bytes", "mode", "innet_latency_ms_median", "innet_algbw_Gbps", "gloo_latency_ms_median",
                  "gloo_algbw_Gbps", "innet_vs_gloo_speedup", "ok", "to", "kr", "re", "dup", "old", "bad",
@@ -70,6 +70,8 @@ def _register_switch(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-jobs", default="64", help="jobs served at once")
     parser.add_argument("--max-job-mib", default="256", help="memory one job may take (MiB)")
     parser.add_argument("--idle-s", default="300", help="forget a job silent this long")
+    parser.add_argument("--evict-after-s", default="5", help="with the table full, a new job may evict a job "
+                        "that never completed a block and was silent this long")
     parser.add_argument("--duration-s", default=None, help="stop after this many seconds (default: Ctrl-C)")
     parser.add_argument("--stats-interval-s", default=None, help="print totals this often")
     parser.add_argument("--no-records", action="store_true", help="do not append records (a helper switch)")
@@ -92,7 +94,8 @@ def run_switch(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be 0..65535, got {port}")
     config = SwitchConfig(host=args.host, port=port, max_jobs=convert(args.max_jobs, positive_int, "--max-jobs"),
                           max_job_bytes=convert(args.max_job_mib, positive_int, "--max-job-mib") << 20,
-                          idle_s=convert(args.idle_s, positive_float, "--idle-s"))
+                          idle_s=convert(args.idle_s, positive_float, "--idle-s"),
+                          evict_after_s=convert(args.evict_after_s, non_negative_float, "--evict-after-s"))
     duration = convert(args.duration_s, positive_float, "--duration-s") if args.duration_s else None
     interval = convert(args.stats_interval_s, positive_float, "--stats-interval-s") if args.stats_interval_s else None
     store = None if args.no_records else RecordStore(args.out, "innet-switch").check_writable()
@@ -214,8 +217,10 @@ def run_timeout_profile(args: argparse.Namespace) -> int:
     if args.format != "table":
         printer.emit(rows)
     else:
+        straggler = config.job.faults.straggler
         printer.note(f"world {world}, straggle-{config.min_count}, {config.size_bytes} B per op, "
-                     f"k {config.job.k} values/packet, slots {config.job.slots}")
+                     f"k {config.job.k} values/packet, slots {config.job.slots}"
+                     + (f"; injected straggler: {straggler.describe()} (steps: ops of a cell)" if straggler else ""))
         printer.emit(profile_table(rows, config.ops), title=f"ok / to blocks (RTO {config.rto_ms[0]:g} ms)")
         printer.emit(throughput_table(rows), title=f"{config.ops} ops waited: Gb/s")
     printer.note(f"records: {store.path}")
@@ -256,7 +261,8 @@ def _register_simulate(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--stall-prob", default="1e-5", help="chance a host stalls before a packet")
     parser.add_argument("--stall-us", default="2000", help="mean (exponential) host stall (us)")
     parser.add_argument("--straggler", default=None, metavar="SPEC",
-                        help="e.g. 'ranks=5;delay=2s;prob=1' (delay before each op; add dist=exp for exponential)")
+                        help="e.g. 'ranks=5;delay=2s;prob=1;steps=3-5' (delay before each op, or ops 3-5 "
+                        "(0-based); add dist=exp for exponential)")
     parser.add_argument("--int32", action="store_true", help="int32 ops (no exponent prologue round)")
     parser.add_argument("--seed", default="0", help="random seed")
     add_output_options(parser, resume=False)
@@ -278,7 +284,7 @@ def sim_configs(args: argparse.Namespace) -> list[Any]:
                 dist = item.split("=", 1)[1].strip()
         spec = StragglerSpec.parse(";".join(items))
         straggler = dict(straggler_ranks=spec.ranks, straggler_ms=spec.delay_s * 1e3,
-                         straggler_prob=spec.probability, straggler_dist=dist)
+                         straggler_prob=spec.probability, straggler_dist=dist, straggler_steps=spec.steps)
     fixed = dict(window=convert(args.window, positive_int, "--window") if args.window else None,
                  ops=convert(args.ops, positive_int, "--ops"), preemptive=args.preemptive,
                  rtt_us=convert(args.rtt_us, float, "--rtt-us"),

@@ -34,6 +34,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(text)
+    return value
+
+
 def size_bytes(text: str) -> int:
     """'4096', '64K', '1M', '1.5MiB' -> bytes (K, M, G are powers of 1024, as in `stepscope comm --sizes`)."""
     from stepscope.dist.sizes import parse_size

@@ -222,7 +222,7 @@ def ticks_to_ms(ticks: int) -> float:
 
 # A STATS request for job id 0 asks for the switch's own totals, in this order (a liveness probe too).
 SWITCH_COUNTERS = ("jobs", "rx", "tx", "bad", "tx_dropped", "internal_errors", "jobs_created", "jobs_finished",
-                   "jobs_expired", "joins_rejected")
+                   "jobs_expired", "joins_rejected", "jobs_evicted")
 
 
 def stats_payload(counters: dict[str, int], names: tuple[str, ...] = COUNTERS) -> bytes:

@@ -91,6 +91,8 @@ class SimConfig:
     """Chance a straggler rank straggles at an op."""
     straggler_dist: str = "fixed"
     """fixed or exp (exponential with mean straggler_ms)."""
+    straggler_steps: tuple[int, int] | None = None
+    """Inclusive range of ops (0-based, in issue order) where stragglers may straggle; None = every op."""
     seed: int = 0
     """Random seed."""
 
@@ -120,7 +122,9 @@ class SimConfig:
             (0 <= self.loss < 1 and 0 <= self.duplicate <= 1 and 0 <= self.stall_prob <= 1
              and 0 <= self.straggler_prob <= 1, "probabilities must be in [0, 1] (loss < 1)"),
             (all(0 <= r < self.workers for r in self.straggler_ranks), "straggler ranks must be < workers"),
-            (self.straggler_dist in ("fixed", "exp"), "--straggler-dist fixed|exp"),
+            (self.straggler_dist in ("fixed", "exp"), "--straggler dist must be fixed or exp"),
+            (self.straggler_steps is None or 0 <= self.straggler_steps[0] <= self.straggler_steps[1],
+             "--straggler steps must be N or A-B with 0 <= A <= B"),
         ]
         for ok, message in checks:
             if not ok:
@@ -218,8 +222,8 @@ class _Model:
         done = np.zeros(self.n)  # when each worker finished its previous op
         host = np.zeros(self.n)  # batch: each worker's host issues ops back to back, so skew accumulates
         last = np.zeros(self.n)
-        for _ in range(self.op_count):
-            overhead = c.op_overhead_us * 1e-6 * self.issue_speed + self._straggle()
+        for op in range(self.op_count):
+            overhead = c.op_overhead_us * 1e-6 * self.issue_speed + self._straggle(op)
             if c.workload == "batch":
                 host = host + overhead
                 issue = host
@@ -232,9 +236,12 @@ class _Model:
             last = np.maximum(last, finished)
         self.end_time = float(np.sort(last)[c.min_count - 1])
 
-    def _straggle(self) -> np.ndarray:
+    def _straggle(self, op: int) -> np.ndarray:
+        """Each straggler rank's delay before op `op` (as `StragglerSpec.delay_for`: steps are ops)."""
         c = self.c
         delay = np.zeros(self.n)
+        if c.straggler_steps is not None and not c.straggler_steps[0] <= op <= c.straggler_steps[1]:
+            return delay
         for rank in c.straggler_ranks:
             if self.rng.random() < c.straggler_prob:
                 amount = c.straggler_ms if c.straggler_dist == "fixed" else self.rng.exponential(c.straggler_ms)

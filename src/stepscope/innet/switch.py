@@ -7,6 +7,14 @@ Robustness: every datagram is validated before it touches a job; malformed ones,
 from ranks outside a job or from another address than the rank joined with are dropped and counted.
 Memory is bounded: at most `max_jobs` jobs, each within `max_job_bytes`; idle jobs expire. The loop waits
 on the socket with a timeout (timers, shutdown), so a stop request ends it within `poll_s`.
+
+Admission when the table is full: stray or forged JOINs must not lock real jobs out for `idle_s`. A job is
+*unproven* until it completes its first block; a JOIN that needs a new job while the table is full evicts
+the unproven job silent longest, if it has been silent for `evict_after_s`, and is rejected otherwise.
+Live ranks are never that silent: they re-send JOIN every 10 ms until every rank joined, then send a
+keep-alive every second when they have nothing else to send. Jobs that completed a block are never
+evicted (only forgotten after `idle_s`). A sustained flood of more than `max_jobs / evict_after_s` new
+valid JOINs per second can still fill the table: that is an attack, for a firewall in front of the port.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ class SwitchConfig:
     """Memory one job may take (slots x values x 2 versions, stored results, history)."""
     idle_s: float = 300.0
     """A job without any packet for this long is forgotten (its ranks are gone)."""
+    evict_after_s: float = 5.0
+    """With the table full, a new job may evict a job that never completed a block and was silent this long."""
     poll_s: float = 0.05
     """Longest wait on the socket, so a stop request is seen promptly."""
     finished_jobs_kept: int = 256
@@ -59,7 +69,7 @@ class Switch:
         self.jobs: dict[int, SwitchJob] = {}
         self.finished: OrderedDict[int, dict[str, int]] = OrderedDict()
         self.counters = {"rx": 0, "tx": 0, "bad": 0, "tx_dropped": 0, "internal_errors": 0, "jobs_created": 0,
-                         "jobs_finished": 0, "jobs_expired": 0, "joins_rejected": 0}
+                         "jobs_finished": 0, "jobs_expired": 0, "joins_rejected": 0, "jobs_evicted": 0}
         self.lock = threading.Lock()  # guards snapshots taken from other threads
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -205,10 +215,10 @@ class Switch:
         job = self.jobs.get(h.job)
         with self.lock:
             if job is None:
-                if len(self.jobs) >= self.config.max_jobs:
-                    return reject(3)
                 if SwitchJob.memory_bytes(h.world, params) > self.config.max_job_bytes:
                     return reject(4)
+                if len(self.jobs) >= self.config.max_jobs and not self._evict_for_new_job(now):
+                    return reject(3)
                 job = self.jobs[h.job] = SwitchJob(h.job, h.world, params, now)
                 self.counters["jobs_created"] += 1
             elif job.world != h.world or job.params != params:
@@ -228,6 +238,15 @@ class Switch:
         self.finished[job_id] = dict(job.counters)
         while len(self.finished) > self.config.finished_jobs_kept:
             self.finished.popitem(last=False)
+
+    def _evict_for_new_job(self, now: float) -> bool:
+        """Make room in a full table: forget the unproven job silent longest, if silent `evict_after_s`."""
+        silent = [(job.last_active, job_id) for job_id, job in self.jobs.items()
+                  if not job.proven and now - job.last_active >= self.config.evict_after_s]
+        if not silent:
+            return False
+        self._finish(min(silent)[1], "jobs_evicted")
+        return True
 
     def _expire_idle(self, now: float) -> None:
         for job_id, job in list(self.jobs.items()):

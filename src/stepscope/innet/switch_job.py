@@ -58,6 +58,12 @@ class SwitchJob:
         rows = 2 * params.slots
         return rows * (4 * params.values_per_packet + packet + 200) + params.history * (packet + 100) + world * 64
 
+    @property
+    def proven(self) -> bool:
+        """True once a block completed: a real job, never evicted to make room for another."""
+        counters = self.counters
+        return counters["ok"] + counters["to"] + counters["kr"] > 0
+
     # ---- membership -------------------------------------------------------------------------------
     def join(self, rank: int, address: Any, now: float) -> int:
         self.members[rank] = address

@@ -6,6 +6,11 @@ timeout), so no port is ever guessed, and keeps reading the child's output on a 
 block the switch). Stopping sends SIGTERM; the child prints its per-job counters and exits; a child that
 does not exit within `stop_timeout_s` is killed. The child also stops when its stdin closes, i.e. when the
 parent is gone however it died, so a killed benchmark never leaves a switch behind.
+
+The child runs in its own session: a terminal's Ctrl-C (SIGINT to the foreground process group) reaches
+only the command, which stops its ranks, keeps its finished records and then stops the switch itself.
+Were the switch in the command's group, it would stop first and the ranks would fail with "nothing listens
+on that port" before the command saw its KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -114,24 +119,29 @@ class SwitchProcess:
     def start(self) -> "SwitchProcess":
         command = [sys.executable, "-m", "stepscope", "innet", "switch", "--host", self.host, "--port", "0",
                    "--stop-on-stdin-eof", *self.extra_args]
+        # start_new_session: the terminal's Ctrl-C is the command's to handle (see the module docstring)
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True,
+                                        stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self._reader = threading.Thread(target=self._read, args=(self.process.stdout,), name="innet-switch-output",
-                                        daemon=True)
-        self._reader.start()
-        deadline = time.monotonic() + self.start_timeout_s
-        while (remaining := deadline - time.monotonic()) > 0:
-            try:
-                line = self._lines.get(timeout=remaining)
-            except queue.Empty:
-                break
-            if line is None:  # the child exited
-                break
-            if line.startswith(READY_PREFIX):
-                self.address = line[len(READY_PREFIX):].strip()
-                return self
-            self._output.append(line)
+        try:
+            self._reader = threading.Thread(target=self._read, args=(self.process.stdout,),
+                                            name="innet-switch-output", daemon=True)
+            self._reader.start()
+            deadline = time.monotonic() + self.start_timeout_s
+            while (remaining := deadline - time.monotonic()) > 0:
+                try:
+                    line = self._lines.get(timeout=remaining)
+                except queue.Empty:
+                    break
+                if line is None:  # the child exited
+                    break
+                if line.startswith(READY_PREFIX):
+                    self.address = line[len(READY_PREFIX):].strip()
+                    return self
+                self._output.append(line)
+        except BaseException:  # e.g. Ctrl-C while the switch starts: no context manager will stop it
+            self.stop()
+            raise
         self.stop()
         raise RuntimeError(f"the innet switch process did not start: {self.output.strip() or 'no output'}")
 
@@ -146,13 +156,16 @@ class SwitchProcess:
         if self.process is None:
             return self.output
         process, self.process = self.process, None
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
         try:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
             process.wait(timeout=self.stop_timeout_s)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=5)
+        except BaseException:  # a second Ctrl-C while it wrote its records: it must not stay behind
+            process.kill()
+            raise
         if self._reader is not None:
             self._reader.join(5.0)  # the child is gone: its output ends
         while True:

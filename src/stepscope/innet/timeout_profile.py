@@ -6,10 +6,15 @@ workloads: one op; `ops` ops each waited; `ops` ops issued together (batch). Per
 `ok / to` block counts go into a table laid out like DPA's published one (rows: STO, columns: workloads),
 and the throughput of the waited workload into a table per (STO, RTO). With K < world, blocks that
 complete by the timeout although nobody straggles show that the STO is below the natural skew.
+
+`--straggler` injects a straggler on top: its steps are the ops of each cell (0-based, in issue order), and
+a straggling rank sleeps before issuing that op, inside the timed region (as in `innet bench`). Every cell
+draws the same straggle decisions (the generator restarts per cell), so cells differ only in STO and RTO.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable
@@ -65,6 +70,8 @@ class ProfileConfig:
             raise UsageError(f"--workload must be among {', '.join(WORKLOADS)}")
         for rto in self.rto_ms:
             replace(self.job, rank=0, world=self.world, rto_ms=rto, rto_max_ms=max(rto, self.job.rto_max_ms)).validate()
+        if self.job.faults.straggler is not None:
+            self.job.faults.straggler.validate(self.world)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -93,6 +100,7 @@ def profile_rank(ctx: Any, config: ProfileConfig, store_dir: str | None) -> list
     buffers = [np.empty_like(source) for _ in range(config.ops)]
     store = RecordStore(store_dir, "innet-timeout-profile") if store_dir and ctx.rank == 0 else None
     env = torch_environment("cpu", ctx.world_size) if ctx.rank == 0 else {}
+    straggler = config.job.faults.straggler
     rows = []
     for sto, rto, workload in config.cells():
         job_config = replace(config.job, rank=ctx.rank, world=ctx.world_size, job_id=shared_job_id(), sto_ms=sto,
@@ -101,14 +109,22 @@ def profile_rank(ctx: Any, config: ProfileConfig, store_dir: str | None) -> list
             count = 1 if workload == "one" else config.ops
             for buffer in buffers[:count]:
                 buffer[:] = source
+            rng = random.Random(config.seed * 7919 + ctx.rank)  # the same straggle decisions in every cell
+            delays = [straggler.delay_for(ctx.rank, step, rng) if straggler else 0.0 for step in range(count)]
             dist.barrier()
             start = time.perf_counter()
             if workload == "batch":
-                pendings = [job.submit(b, "avg", config.min_count) for b in buffers[:count]]
+                pendings = []
+                for delay, buffer in zip(delays, buffers[:count]):
+                    if delay:
+                        time.sleep(delay)  # this rank straggles: this op (and those after it) issue late
+                    pendings.append(job.submit(buffer, "avg", config.min_count))
                 for pending in pendings:
                     pending.wait()
             else:
-                for buffer in buffers[:count]:
+                for delay, buffer in zip(delays, buffers[:count]):
+                    if delay:
+                        time.sleep(delay)
                     job.all_reduce(buffer, "avg", config.min_count)
             seconds = time.perf_counter() - start
             times: list[Any] = [None] * ctx.world_size

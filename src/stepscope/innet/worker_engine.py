@@ -23,9 +23,10 @@ from stepscope.innet.worker_op import Op
 from stepscope.innet.worker_stream import InnetError, Stream, WorkerCounters
 
 RECV_BUFFER_BYTES = 4 << 20
-KEEPALIVE_S = 30.0
-"""A worker silent this long sends a counters request, so the switch (idle_s 300 s by default) does not
-forget a job that pauses between all-reduces (evaluation, checkpointing)."""
+KEEPALIVE_S = 1.0
+"""A worker silent this long sends a counters request (its reply is ignored), so the switch neither forgets
+a job that pauses between all-reduces (evaluation, checkpointing; idle_s 300 s by default) nor evicts one
+that has joined but not completed a block yet for a new job when its table is full (evict_after_s 5 s)."""
 
 
 @dataclass
@@ -77,6 +78,7 @@ class Engine:
         self.timers: list[tuple[float, int, int]] = []  # (deadline, stream index, sends)
         self.stats_reply: dict[str, int] | None = None
         self.stats_event = threading.Event()
+        self._stats_request = 0  # id of the newest counters request (the op field; keep-alives send 0)
         self.waiting_for: list[int] = []
         self.last_heard = self.last_progress = self.last_sent = time.monotonic()
         self.fatal: InnetError | None = None
@@ -100,10 +102,12 @@ class Engine:
             op.finish(InnetError(str(self.fatal)))
 
     def request_stats(self, timeout_s: float = 2.0) -> dict[str, int]:
+        # a numbered request: the reply to a keep-alive sent just before must not pass for this one's
+        self._stats_request = request = self._stats_request % 0xFFFFFFFF + 1
         self.stats_event.clear()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            self.inbox.put(("stats", None))
+            self.inbox.put(("stats", request))
             self._wake()
             if self.stats_event.wait(0.1):
                 return dict(self.stats_reply or {})
@@ -185,7 +189,7 @@ class Engine:
             except queue.Empty:
                 return
             if kind == "stats":
-                self._raw_send(p.pack(p.STATS, self.cfg.job_id, 0, 0, 0, self.cfg.rank, self.cfg.world, 0))
+                self._raw_send(p.pack(p.STATS, self.cfg.job_id, item, 0, 0, self.cfg.rank, self.cfg.world, 0))
                 continue
             self.stream.admit(item)
             self.last_progress = time.monotonic()
@@ -266,7 +270,7 @@ class Engine:
             self.counters.status_replies += 1
             self.waiting_for = [r for r in range(self.cfg.world)
                                 if r not in p.ranks_in_bitmap(p.values_of(data, h.count), self.cfg.world)]
-        elif h.type == p.STATS_REPLY:
+        elif h.type == p.STATS_REPLY and h.op and h.op == self._stats_request:  # not a keep-alive's reply
             self.stats_reply = p.stats_from_payload(data, h.count)
             self.stats_event.set()
 
