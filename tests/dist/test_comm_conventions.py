@@ -144,8 +144,11 @@ def test_fit_records_group_points_and_name_their_metrics():
         return make_record("comm", config, {"time_us_max": time_us})
 
     records = [point(s, 10 + s / 1e3) for s in (1e3, 1e5, 1e7)] + [point(1e3, 5.0, world=4)]
+    records += [point(1e3, 40.0, world=3), point(1e5, 20.0, world=3)]  # 2 noisy sizes: alpha would be ~40 us
     fits, notes = fit_records(records)
     assert len(fits) == 1 and fits[0]["config"]["record"] == "fit" and fits[0]["kind"] == "comm"
     assert fits[0]["metrics"]["alpha_us"] == pytest.approx(10.0)
     assert fits[0]["metrics"]["beta_GBps"] == pytest.approx(1.0)  # factor 1 on 2 ranks: 1e3 B/us
-    assert notes == ["no α–β fit for gloo all_reduce fp32 per-op on 4 ranks in-place: needs at least two sizes"]
+    why = "(two parameters through two points fit exactly: no residual to judge them)"
+    assert notes == [f"no α–β fit for gloo all_reduce fp32 per-op on 4 ranks in-place: needs at least 3 sizes, has 1 {why}",
+                     f"no α–β fit for gloo all_reduce fp32 per-op on 3 ranks in-place: needs at least 3 sizes, has 2 {why}"]

@@ -1,10 +1,12 @@
 """The launcher: real gloo process groups on spawned ranks; failing or dying ranks never hang the parent."""
 
+import multiprocessing
 import os
 import time
 
 import pytest
 
+from stepscope.dist.launch_env import MAX_RANKS_PER_CORE, OVERSUBSCRIBE_ENV, check_local_world
 from stepscope.dist.launcher import DistributedError, LaunchConfig, external_launch_env, launch, resolve_backend
 from stepscope.errors import UsageError
 
@@ -73,23 +75,68 @@ def test_a_result_that_cannot_be_sent_is_the_ranks_error():
         launch(unpicklable_result, config=LaunchConfig(world_size=1, threads=1))
 
 
+SLURM_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
+               "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_STEPID",
+               "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+
+
 def test_backend_choice_and_external_env(monkeypatch):
     assert resolve_backend("auto", 2) == "gloo"  # no GPU here
     with pytest.raises(UsageError, match="needs CUDA GPUs"):
         resolve_backend("nccl", 2)
     with pytest.raises(UsageError, match="unknown backend"):
         resolve_backend("mpi2", 2)
-    for name in ("RANK", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):  # a test run inside a Slurm job
+    for name in SLURM_NAMES:  # a test run inside a Slurm job or under torchrun
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("SLURM_PROCID", "3")
+    # an sbatch script run without srun: PROCID 0 and the allocation's task count, but no job step
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "4(x2)")
+    assert external_launch_env() is None
+    for batch_step in ("batch", "4294967294", "4294967291", "extern"):  # the batch step's id, old and new
+        monkeypatch.setenv("SLURM_STEP_ID", batch_step)
+        assert external_launch_env() is None, batch_step
+    # a task of `srun -n 8` (step 0): one rank of the job
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.setenv("SLURM_LOCALID", "1")
-    assert external_launch_env() == {"rank": 3, "world_size": 8, "local_rank": 1, "local_world_size": 8}
-    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "4(x2)")  # srun's per-node layout: 4 ranks on each of 2 nodes
-    assert external_launch_env()["local_world_size"] == 4
+    assert external_launch_env() == {"rank": 3, "world_size": 8, "local_rank": 1, "local_world_size": 4}
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "6")  # `srun -n 6` inside an 8-task allocation
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "4,2")
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    assert external_launch_env() == {"rank": 3, "world_size": 6, "local_rank": 1, "local_world_size": 2}
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")  # `srun -n 1 stepscope ...`: spawns its own ranks
+    assert external_launch_env() is None
+    monkeypatch.delenv("SLURM_STEP_ID")
+    monkeypatch.delenv("SLURM_STEP_NUM_TASKS")
+    monkeypatch.delenv("SLURM_STEP_TASKS_PER_NODE")
+    monkeypatch.delenv("SLURM_NODEID")
+    monkeypatch.setenv("SLURM_STEPID", "2")  # the older name of the step id
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "3,2")  # heterogeneous nodes: no crash, the first count
     assert external_launch_env()["local_world_size"] == 3
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert external_launch_env()["rank"] == 2
+
+
+def test_a_local_world_far_beyond_the_machine_is_refused_before_any_spawn(cli, tmp_path, monkeypatch):
+    for name in SLURM_NAMES + (OVERSUBSCRIBE_ENV,):
+        monkeypatch.delenv(name, raising=False)
+    # a 1-core machine: the limit is 8 ranks (a run-away world, as the old code would start, stays small)
+    monkeypatch.setattr("stepscope.results.environment.usable_cores", lambda: 1)
+    limit = MAX_RANKS_PER_CORE
+    check_local_world(limit)
+    start, children = time.monotonic(), len(multiprocessing.active_children())
+    with pytest.raises(UsageError, match=f"{limit + 1} local ranks .* the limit is {limit} .* --oversubscribe"):
+        launch(all_reduce_rank, 0, config=LaunchConfig(world_size=limit + 1, threads=1))
+    assert time.monotonic() - start < 5 and len(multiprocessing.active_children()) == children
+    check_local_world(limit + 1, oversubscribe=True)
+    # stepscope comm checks its largest world before the first job starts
+    out = tmp_path / "never"
+    code, stdout, stderr = cli("comm", "--world", f"2,{limit + 1}", "--sizes", "1K", "--out", out)
+    assert code == 2 and stderr.count("\n") == 1 and "pass --oversubscribe" in stderr, stderr
+    assert stdout == "" and not out.exists() and time.monotonic() - start < 10
+    monkeypatch.setenv(OVERSUBSCRIBE_ENV, "1")
+    check_local_world(limit + 1)

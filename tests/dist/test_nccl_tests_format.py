@@ -55,6 +55,30 @@ OLD_LOG = """\
 # Out of bounds values : 0 OK
 """
 
+# nccl-tests `-o all` style: every size once per reduction (sum and prod), on 2 ranks; numbers made up.
+REDOP_LOG = """\
+# Collective test starting: all_reduce_perf
+# nThread 1 nGpus 1 minBytes 1024 maxBytes 1048576 step: 32(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+#
+# Using devices
+#  Rank  0 Group  0 Pid   1001 on     node-a device  0 [0000:06:00] NVIDIA A100
+#  Rank  1 Group  0 Pid   1002 on     node-a device  1 [0000:07:00] NVIDIA A100
+#
+#                                                              out-of-place                       in-place
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+        1024           256     float     sum      -1    11.11    0.09    0.09      0    11.22    0.09    0.09      0
+        1024           256     float    prod      -1    33.33    0.03    0.03      0    33.44    0.03    0.03      0
+       32768          8192     float     sum      -1    14.00    2.34    2.34      0    13.90    2.36    2.36      0
+       32768          8192     float    prod      -1    44.00    0.74    0.74      0    43.90    0.75    0.75      0
+     1048576        262144     float     sum      -1    99.00   10.59   10.59      0    98.00   10.70   10.70      0
+     1048576        262144     float    prod      -1   199.00    5.27    5.27      0   198.00    5.30    5.30      0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 3.7
+#
+# Collective test concluded: all_reduce_perf
+"""
+
 
 def test_time_column_precision_like_nccl_tests():
     assert format_time_us(12.345) == "  12.35" and format_time_us(512.3) == "  512.3"
@@ -152,3 +176,40 @@ def test_comm_import_command(cli, tmp_path):
     assert (out / "comm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     code, _, stderr = cli("comm", "--import", tmp_path / "missing.log", "--out", out)
     assert code == 2 and stderr.count("\n") == 1 and "cannot read" in stderr
+
+
+def test_rows_that_differ_only_by_redop_stay_apart(cli, tmp_path):
+    from stepscope.dist.alpha_beta import headline_time_us
+    from stepscope.dist.comm_report import fit_rows, flat_rows, table_blocks
+
+    log = tmp_path / "allreduce_ops.log"
+    log.write_text(REDOP_LOG)
+    records = import_records(log)
+    assert len(records) == 12 and {r["config"].get("redop") for r in records} == {None, "prod"}  # None = sum
+    blocks = dict(table_blocks(records))
+    assert set(blocks) == {"nccl all_reduce | 2 ranks | fp32 | batch | sum",
+                           "nccl all_reduce | 2 ranks | fp32 | batch | prod"}
+    assert [r["out_time_us"] for r in blocks["nccl all_reduce | 2 ranks | fp32 | batch | sum"]] == [11.11, 14.0, 99.0]
+    assert [r["in_time_us"] for r in blocks["nccl all_reduce | 2 ranks | fp32 | batch | prod"]] == [33.44, 43.9, 198.0]
+    assert [row["redop"] for row in flat_rows(records)[:4]] == ["sum", "sum", "prod", "prod"]
+    text = write_nccl_tests(records)
+    assert text.count("# Collective test starting:") == 2 and "    prod      -1    33.33" in text
+    back = import_records(_write(tmp_path / "back.log", text))
+
+    def timings(rs):
+        return sorted((r["config"].get("redop") or "sum", r["config"]["in_place"], r["config"]["size_bytes"],
+                       headline_time_us(r["metrics"])) for r in rs)
+
+    assert timings(back) == timings(records)
+    code, stdout, stderr = cli("comm", "--import", log, "--out", tmp_path / "r", "--fit", "--no-plot")
+    assert code == 0, stderr
+    assert "batch | sum" in stdout and "batch | prod" in stdout and "33.33" in stdout and "11.11" in stdout
+    fits = [r for r in read_records(tmp_path / "r" / "comm.jsonl") if r["config"]["record"] == "fit"]
+    assert sorted((f["config"].get("redop") or "sum", f["config"]["in_place"]) for f in fits) == \
+        [("prod", False), ("prod", True), ("sum", False), ("sum", True)]
+    assert {row["redop"] for row in fit_rows(fits)} == {"sum", "prod"}
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path

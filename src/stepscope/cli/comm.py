@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.cli.options import choice, non_negative_int, parse_list, positive_int
+from stepscope.dist.launch_env import MAX_RANKS_PER_CORE
 from stepscope.errors import UsageError
 from stepscope.results.store import DEFAULT_OUT
 from stepscope.results.views import FORMATS
@@ -30,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "of 1024 as in nccl-tests (default 1K:16M:x4)")
     what.add_argument("--dtype", default="fp32", help="fp32|fp16|bf16|fp64|int8|uint8|int32|int64 (default fp32)")
     what.add_argument("--world", default=None, help="world size(s), one job each (default 2)")
-    what.add_argument("--backend", default="gloo", help="gloo|nccl|mpi|oneccl|horovod (default gloo)")
+    what.add_argument("--backend", default="gloo", help="gloo|nccl|mpi|oneccl|horovod, or auto: nccl when every "
+                      "rank has a GPU, else gloo (default gloo)")
     what.add_argument("--mode", default="per-op", help="per-op (each call waited) and/or batch (all calls in "
                       "flight, one wait); default per-op")
     what.add_argument("--place", default="out,in", help="out (out-of-place) and/or in (in-place); default out,in")
@@ -40,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     what.add_argument("--threads", default=None, help="CPU threads per rank (default: cores / ranks)")
     what.add_argument("--timeout", default="300", help="seconds a rank may wait on a peer (mpi: job silence) "
                       "before the run is stopped (default 300)")
+    what.add_argument("--oversubscribe", action="store_true", help="start more local ranks than the limit of "
+                      f"{MAX_RANKS_PER_CORE} per CPU core (ranks started by torchrun/srun are not limited)")
     extra = parser.add_argument_group("reports")
     extra.add_argument("--tally", action="store_true", help="per-backend tables of host API calls, device activity "
                        "and memory traffic for every point (torch.profiler; timing wrappers for mpi)")
@@ -53,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     output = parser.add_argument_group("output")
     output.add_argument("--out", default=DEFAULT_OUT, help=f"folder for JSON-Lines records (default {DEFAULT_OUT})")
     output.add_argument("--format", default="table", choices=OUTPUT_FORMATS, help="how to print results")
-    output.add_argument("--resume", action="store_true", help="skip points already recorded in --out")
+    output.add_argument("--resume", action="store_true", help="skip points already recorded in --out; --fit and "
+                        "the plot use the recorded points of this sweep too")
     parser.set_defaults(func=run)
 
 
@@ -64,17 +69,19 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def build_config(args: argparse.Namespace) -> Any:
-    """The validated CommConfig of the command line (UsageError on any bad value)."""
+def build_config(args: argparse.Namespace) -> tuple[Any, list[str]]:
+    """The validated CommConfig of the command line (UsageError on any bad value), and notes to print
+    (what `--backend auto` chose)."""
     from stepscope.dist.collectives import DTYPES, OPS
-    from stepscope.dist.comm_bench import CommConfig
+    from stepscope.dist.comm_bench import CommConfig, resolve_auto
     from stepscope.dist.comm_plan import MODES, PLACES
     from stepscope.dist.sizes import parse_sizes
 
     ops = list(OPS) if args.op == ALL else parse_list(args.op or "all_reduce", choice(*OPS), "--op")
+    worlds = tuple(parse_list(args.world or "2", positive_int, "--world"))
+    backends, auto_note = resolve_auto(tuple(parse_list(args.backend, str, "--backend")), worlds)
     config = CommConfig(
-        backends=tuple(parse_list(args.backend, str, "--backend")),
-        worlds=tuple(parse_list(args.world or "2", positive_int, "--world")),
+        backends=backends, worlds=worlds, oversubscribe=args.oversubscribe,
         ops=tuple(dict.fromkeys(ops)), sizes=tuple(parse_sizes(args.sizes)),
         dtypes=tuple(parse_list(args.dtype, choice(*DTYPES), "--dtype")),
         modes=tuple(parse_list(args.mode, choice(*MODES), "--mode")),
@@ -89,7 +96,7 @@ def build_config(args: argparse.Namespace) -> Any:
         if text is not None and "," in str(text):
             raise UsageError(f"{option} takes one value, got {text!r}")
     config.validate()
-    return config
+    return config, [auto_note] if auto_note else []
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.imports:
         return _run_import(args)
-    config = build_config(args)
+    config, config_notes = build_config(args)
     store = RecordStore(args.out, "comm").check_writable()
     plot_path = None if args.no_plot else Path(args.plot or Path(args.out) / "comm.png")
 
@@ -108,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     printer = Printer("table" if args.format == "nccl-tests" else args.format)
     side = Printer("table", stream=sys.stderr) if args.format != "table" else printer  # tallies, notes
     if reporting:
+        for note in config_notes:
+            side.note(f"note: {note}")
         for job in plan_jobs(config):
             for note in job.roundings:
                 side.note(f"note: {note.message()}")
@@ -131,7 +140,16 @@ def run(args: argparse.Namespace) -> int:
     run_comm(config, store, resume=args.resume, on_job=show)
     if not reporting:
         return 0
-    return _finish(args, printer, side, store, collected, plot_path)
+    sweep = collected
+    if args.resume:  # fit and plot the whole sweep: the points of earlier runs of it and this run's
+        from stepscope.dist.comm_bench import sweep_records
+
+        sweep = sweep_records(config, store)
+        earlier = len(sweep) - len({r["key"] for r in collected} & {r["key"] for r in sweep})
+        if earlier:
+            side.note(f"fit and plot use {len(sweep)} point(s) of this sweep: {earlier} from earlier runs in "
+                      f"{store.path} (--resume)")
+    return _finish(args, printer, side, store, sweep, plot_path, checked=collected)
 
 
 def _run_import(args: argparse.Namespace) -> int:
@@ -198,16 +216,19 @@ def _print_tally(printer: Any, record: dict[str, Any], tally: dict[str, Any]) ->
 
 
 def _finish(args: argparse.Namespace, printer: Any, side: Any, store: Any, records: list[dict[str, Any]],
-            plot_path: Path | None) -> int:
-    """α–β fits, the plot, and the exit code (1 when a point returned wrong results)."""
+            plot_path: Path | None, *, checked: list[dict[str, Any]] | None = None) -> int:
+    """α–β fits and the plot of `records`, and the exit code: 1 when a point of `checked` (default:
+    `records`; with --resume, only this run's points) returned wrong results."""
     fits: list[dict[str, Any]] = []
     if args.fit:
         from stepscope.dist.alpha_beta import fit_records
         from stepscope.dist.comm_report import fit_rows
 
         fits, notes = fit_records(records)
+        stored = {r["key"]: r.get("metrics") for r in store.records() if r.get("config", {}).get("record") == "fit"}
         for fit in fits:
-            store.append(fit)
+            if stored.get(fit["key"]) != fit["metrics"]:  # a rerun of `--resume --fit` adds no duplicate
+                store.append(fit)
         if fits:
             (printer if args.format != "nccl-tests" else side).emit(
                 fit_rows(fits), title="α–β fit: t(S) = alpha + busbw_factor * S / beta (relative least squares)")
@@ -219,7 +240,7 @@ def _finish(args: argparse.Namespace, printer: Any, side: Any, store: Any, recor
         written = plot_comm(records + fits, plot_path, title="stepscope comm")
         side.note(f"plot: {written}" if written else "plot: nothing to plot (no measured sizes)")
     side.note(f"records: {store.path}")
-    wrong = [r for r in records if r.get("status") == "mismatch"]
+    wrong = [r for r in (records if checked is None else checked) if r.get("status") == "mismatch"]
     if wrong:
         print(f"stepscope: {len(wrong)} point(s) returned wrong results (see #wrong)", file=sys.stderr)
         return 1

@@ -15,8 +15,9 @@ grow with size gives beta = None: no bandwidth term was measurable).
 
 Records: the comm benchmark stores each fit as a record of kind `comm` whose config has
 `"record": "fit"` (measured points have `"record": "point"`) plus backend, op, world_size, dtype,
-mode, in_place and the size range; metrics `alpha_us`, `beta_GBps`, `residual_rms_pct`,
-`residual_max_pct`, `residual_rms_us`, `points`, `bus_factor`.
+mode, in_place (redop when not sum, source for imports) and the size range; metrics `alpha_us`,
+`beta_GBps`, `residual_rms_pct`, `residual_max_pct`, `residual_rms_us`, `points`, `bus_factor`. A group
+with fewer than MIN_FIT_SIZES sizes gets a note instead of a fit.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from stepscope.dist.collectives import OPS, busbw_factor
 from stepscope.results.store import make_record
 
 FIT_GROUP_FIELDS = ("backend", "op", "world_size", "dtype", "mode", "in_place")
+MIN_FIT_SIZES = 3
+"""Distinct sizes a stored fit needs: two parameters through two points always fit exactly (residual 0),
+so a noisy point would become an absurd alpha or beta with nothing showing it."""
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,8 @@ def headline_time_us(metrics: dict[str, Any]) -> float | None:
 
 
 def fit_records(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """One fit record per (backend, op, world_size, dtype, mode, in_place) group of measured points,
-    plus notes for the groups that cannot be fitted."""
+    """One fit record per (backend, op, world_size, dtype, mode, in_place[, redop, source]) group of
+    measured points with at least MIN_FIT_SIZES sizes, plus notes for the groups that cannot be fitted."""
     groups: OrderedDict[tuple, list[dict[str, Any]]] = OrderedDict()
     for record in records:
         config = record.get("config", {})
@@ -108,14 +112,17 @@ def fit_records(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]]
             continue
         if headline_time_us(record.get("metrics", {})) is None:
             continue
-        key = tuple(config.get(f) for f in FIT_GROUP_FIELDS) + (config.get("source"),)  # imports stay apart
+        # imports stay apart, and so do reductions other than sum (imported nccl-tests `-o prod` logs)
+        key = tuple(config.get(f) for f in FIT_GROUP_FIELDS) + (config.get("redop"), config.get("source"))
         groups.setdefault(key, []).append(record)
     fits, notes = [], []
     for key, members in groups.items():
         group = dict(zip(FIT_GROUP_FIELDS, key))
-        if key[-1] is not None:
-            group["source"] = key[-1]
+        for name, value in zip(("redop", "source"), key[-2:]):
+            if value is not None:
+                group[name] = value
         label = " ".join(str(group[f]) for f in ("backend", "op", "dtype", "mode")) + \
+            (f" {group['redop']}" if "redop" in group else "") + \
             f" on {group['world_size']} ranks{' in-place' if group['in_place'] else ''}"
         # an op stepscope does not know (an imported log of another nccl-tests program): algorithm bandwidth
         factor = busbw_factor(group["op"], int(group["world_size"])) if group["op"] in OPS else 1.0
@@ -123,8 +130,9 @@ def fit_records(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]]
         if not factor:
             notes.append(f"no α–β fit for {label}: a single rank moves nothing over the bus")
             continue
-        if len(set(sizes)) < 2:
-            notes.append(f"no α–β fit for {label}: needs at least two sizes")
+        if len(set(sizes)) < MIN_FIT_SIZES:
+            notes.append(f"no α–β fit for {label}: needs at least {MIN_FIT_SIZES} sizes, has {len(set(sizes))} "
+                         "(two parameters through two points fit exactly: no residual to judge them)")
             continue
         fit = fit_alpha_beta(sizes, [headline_time_us(m["metrics"]) for m in members], factor)
         config = {"record": "fit", "model": "alpha_beta", **group, "size_min_bytes": min(sizes),

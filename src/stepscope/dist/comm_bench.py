@@ -7,6 +7,8 @@ every point), mpi through mpiexec (`mpi_bench`). Inside a job, rank 0 appends ea
 soon as it is measured, so an interrupted sweep keeps its finished points and `--resume` skips them.
 Records: kind `comm`; measured points have config `"record": "point"`, α–β fits `"record": "fit"`
 (see `alpha_beta`). Tallies (`tally=True`) come back merged over ranks, one per point.
+`resolve_auto` turns backend `auto` into nccl or gloo (the launcher's rule); `sweep_records` gives the
+stored records of a request's points, earlier runs included, for a resumed sweep's fit and plot.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class CommConfig:
     """A rank blocked this long on a peer (torch) or a job silent this long (mpi) is stopped."""
     tally: bool = False
     """Also profile each point for the per-backend tables."""
+    oversubscribe: bool = False
+    """Allow more locally started ranks than launch_env.MAX_RANKS_PER_CORE per core."""
 
     def validate(self) -> None:
         """Raise UsageError for anything that cannot run here, before any work starts."""
@@ -74,6 +78,10 @@ class CommConfig:
             raise UsageError("--timeout must be positive")
         if any(op in ROOTED_OPS for op in self.ops) and not 0 <= self.root < min(self.worlds):
             raise UsageError(f"--root {self.root} is not a rank of the smallest world ({min(self.worlds)} ranks)")
+        from stepscope.dist.launch_env import check_local_world, external_launch_env
+
+        if external_launch_env() is None:  # stepscope starts the ranks itself (spawn or mpiexec): bounded
+            check_local_world(max(self.worlds), oversubscribe=self.oversubscribe)
         for backend in self.backends:
             check_backend(backend)
             if backend in TORCH_BACKENDS:
@@ -81,6 +89,25 @@ class CommConfig:
 
                 # nccl: one GPU per rank, checked for the largest world before anything starts
                 resolve_backend(TORCH_BACKENDS[backend][0], max(self.worlds))
+
+
+def resolve_auto(backends: tuple[str, ...], worlds: tuple[int, ...]) -> tuple[tuple[str, ...], str | None]:
+    """`auto` in `backends` -> nccl when every rank has a GPU, else gloo (the launcher's rule, as in
+    `stepscope ddp`), plus a note saying what was chosen and why (None without `auto`)."""
+    if "auto" not in backends:
+        return backends, None
+    import torch
+
+    from stepscope.dist.launcher import external_launch_env, resolve_backend
+
+    external = external_launch_env()
+    local = external["local_world_size"] if external else max(worlds, default=1)
+    chosen = resolve_backend("auto", local)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    why = ("one GPU per rank" if chosen == "nccl"
+           else f"nccl needs one GPU per rank: {local} local rank(s), {gpus} GPU(s)")
+    resolved = tuple(dict.fromkeys(chosen if b == "auto" else b for b in backends))
+    return resolved, f"backend auto: {chosen} ({why})"
 
 
 def _check_choices(option: str, values: tuple, allowed: tuple) -> None:
@@ -161,7 +188,7 @@ def run_job(job: Job, config: CommConfig, store: RecordStore | None, *, resume: 
                                timeout_s=config.timeout_s)
     outcomes = launch(comm_rank, points, options,
                       config=LaunchConfig(world_size=job.world_size, backend=launcher_backend, threads=config.threads,
-                                          timeout_s=config.timeout_s))
+                                          timeout_s=config.timeout_s, oversubscribe=config.oversubscribe))
     if outcomes is None:
         return None
     result.records = outcomes[0].records
@@ -182,3 +209,15 @@ def run_comm(config: CommConfig, store: RecordStore | None, *, resume: bool = Fa
         if on_job is not None:
             on_job(result)
     return results
+
+
+def sweep_records(config: CommConfig, store: RecordStore) -> list[dict[str, Any]]:
+    """The store's latest record of every point `config` plans, in plan order: this run's points and those
+    of earlier runs of the same request (same backend, op, world, size, dtype, mode, placement, iters,
+    warmup). What a resumed sweep fits and plots."""
+    latest: dict[str, dict[str, Any]] = {}
+    for record in store.records():
+        if record.get("kind") == "comm" and record.get("status") != "error" and "key" in record:
+            latest[record["key"]] = record
+    found = (latest.get(point_key("comm", point.config())) for job in plan_jobs(config) for point in job.points)
+    return [record for record in found if record is not None]

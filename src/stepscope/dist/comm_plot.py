@@ -1,6 +1,7 @@
 """PNG of a collective sweep: per op, bus bandwidth vs size (left) and time per call vs size (right,
 log-log: small sizes are latency-bound, so this is where they can be read), one line per backend,
-world size, mode and placement. Fitted α–β curves are drawn dashed when present. matplotlib Agg only.
+world size, mode, placement (and reduction, when not sum). Fitted α–β curves are drawn dashed when
+present. matplotlib Agg only.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from stepscope.dist.alpha_beta import headline_time_us
 
 
 def _series_key(config: dict[str, Any]) -> tuple:
-    return (config["backend"], config["world_size"], config["mode"], bool(config.get("in_place")), config["dtype"])
+    return (config["backend"], config["world_size"], config["mode"], bool(config.get("in_place")), config["dtype"],
+            config.get("redop"))
 
 
 def _label(key: tuple) -> str:
-    backend, world, mode, in_place, dtype = key
-    return f"{backend} n={world} {mode} {'in' if in_place else 'out'} {dtype}"
+    backend, world, mode, in_place, dtype, redop = key
+    return f"{backend} n={world} {mode} {'in' if in_place else 'out'} {dtype}" + (f" {redop}" if redop else "")
 
 
 def plot_comm(records: Iterable[dict[str, Any]], path: str | Path, title: str | None = None) -> Path | None:

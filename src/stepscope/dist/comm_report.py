@@ -9,6 +9,7 @@ from collections import OrderedDict
 from typing import Any, Iterable
 
 from stepscope.dist.alpha_beta import headline_time_us
+from stepscope.dist.collectives import REDUCING_OPS
 
 FLAT_COLUMNS = ["backend", "op", "world_size", "size_bytes", "requested_bytes", "count", "dtype", "mode", "in_place",
                 "status", "time_us_max", "time_us_min", "time_us_mean", "algbw_GBps", "busbw_GBps", "wrong", "note"]
@@ -22,14 +23,19 @@ def _points(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def table_blocks(records: Iterable[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
-    """(title, rows) per backend/op/world/dtype/mode; placements that never ran get no columns."""
+    """(title, rows) per backend/op/world/dtype/mode (and reduction, when not all sum: imported nccl-tests
+    `-o prod` logs); placements that never ran get no columns."""
     blocks: OrderedDict[tuple, list[dict[str, Any]]] = OrderedDict()
     for record in _points(records):
         c = record["config"]
-        blocks.setdefault((c["backend"], c["op"], c["world_size"], c["dtype"], c["mode"]), []).append(record)
+        blocks.setdefault((c["backend"], c["op"], c["world_size"], c["dtype"], c["mode"], c.get("redop")),
+                          []).append(record)
+    named = {key[:-1] for key in blocks if key[-1] is not None}  # where "sum" must be said too
     out = []
-    for (backend, op, world, dtype, mode), members in blocks.items():
+    for (backend, op, world, dtype, mode, redop), members in blocks.items():
         title = f"{backend} {op} | {world} ranks | {dtype} | {mode}"
+        if (backend, op, world, dtype, mode) in named:
+            title += f" | {redop or 'sum'}"
         if op == "barrier":
             rows = [{"time_us_max": m["metrics"].get("time_us_max"), "time_us_min": m["metrics"].get("time_us_min"),
                      "time_us_mean": m["metrics"].get("time_us_mean"), "status": m["status"]} for m in members]
@@ -63,18 +69,38 @@ def units_note(records: Iterable[dict[str, Any]]) -> str:
             "in GB/s (1e9 B/s); wrong: elements that failed the check, summed over ranks")
 
 
+def _with_redop(columns: list[str], configs: list[dict[str, Any]]) -> list[str]:
+    """`columns` plus a redop column after dtype when some record reduces with something other than sum."""
+    if not any(c.get("redop") for c in configs):
+        return columns
+    at = columns.index("dtype") + 1
+    return columns[:at] + ["redop"] + columns[at:]
+
+
 def flat_rows(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per measured point record (csv/json/md output)."""
+    points = _points(records)
+    columns = _with_redop(FLAT_COLUMNS, [r["config"] for r in points])
     rows = []
-    for record in _points(records):
+    for record in points:
         row = {**record["config"], **record.get("metrics", {}), "status": record.get("status"),
                "note": record.get("note")}
-        rows.append({c: row.get(c) for c in FLAT_COLUMNS})
+        if "redop" in columns and row.get("redop") is None:
+            row["redop"] = "sum" if row.get("op") in REDUCING_OPS else None
+        rows.append({c: row.get(c) for c in columns})
     return rows
 
 
 def fit_rows(fit_records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{c: {**r["config"], **r["metrics"]}.get(c) for c in FIT_COLUMNS} for r in fit_records]
+    fits = list(fit_records)
+    columns = _with_redop(FIT_COLUMNS, [r["config"] for r in fits])
+    rows = []
+    for r in fits:
+        row = {**r["config"], **r["metrics"]}
+        if "redop" in columns and row.get("redop") is None:
+            row["redop"] = "sum" if row.get("op") in REDUCING_OPS else None
+        rows.append({c: row.get(c) for c in columns})
+    return rows
 
 
 def status_notes(records: Iterable[dict[str, Any]]) -> list[str]:
@@ -85,6 +111,6 @@ def status_notes(records: Iterable[dict[str, Any]]) -> list[str]:
             continue
         c = record["config"]
         place = "" if c.get("in_place") is None else (" in-place" if c["in_place"] else " out-of-place")
-        what = f"{c['backend']} {c['op']}{place} {c['dtype']}"
+        what = f"{c['backend']} {c['op']}{place} {c['dtype']}" + (f" {c['redop']}" if c.get("redop") else "")
         notes[f"{record['status']}: {what}: {record.get('note') or ''}".rstrip(": ")] = None
     return list(notes)

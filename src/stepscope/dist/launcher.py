@@ -10,22 +10,29 @@ Never a hang: a rank that raises or dies is reported to the parent, which tears 
 (SIGTERM, then SIGKILL after `teardown_s`) and raises `DistributedError` with the failing rank's error
 and the tail of its traceback. Collectives get `timeout_s`, so a rank waiting on a dead peer errors out
 too. Local rendezvous goes through a TCPStore the parent owns on a port the OS picks (no port races).
+
+Who starts the ranks (torchrun, an srun job step, or this process) and how many may be spawned here:
+see `launch_env`. Under torchrun/Slurm, a rendezvous that fails (a peer that never starts, a wrong
+MASTER_ADDR/PORT) ends after `timeout_s` with a one-line `RendezvousError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import multiprocessing as mp
 import os
 import pickle
 import queue
-import re
 import signal
+import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from stepscope.dist.launch_env import check_local_world, external_launch_env
 from stepscope.errors import UsageError
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -37,6 +44,14 @@ class DistributedError(RuntimeError):
     def __init__(self, rank: int, message: str, details: str = "") -> None:
         super().__init__(f"rank {rank} failed: {message}")
         self.rank, self.details = rank, details
+
+
+class RendezvousError(DistributedError):
+    """Under torchrun/Slurm the process group could not be formed (one line: what to check)."""
+
+    def __init__(self, rank: int, message: str) -> None:
+        RuntimeError.__init__(self, message)
+        self.rank, self.details = rank, ""
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,8 @@ class LaunchConfig:
     """Optional limit on the whole run (a deadlocked program is stopped and reported)."""
     master_addr: str = "127.0.0.1"
     """Rendezvous address for locally spawned ranks."""
+    oversubscribe: bool = False
+    """Allow more than MAX_RANKS_PER_CORE locally spawned ranks per usable core."""
 
 
 @dataclass(frozen=True)
@@ -74,26 +91,7 @@ class RankContext:
     """The collective timeout; pass it to `dist.new_group(timeout=...)` too (its default is 30 minutes)."""
 
 
-# ---- environment detection ---------------------------------------------------------------------
-def external_launch_env() -> dict[str, int] | None:
-    """Rank layout set by torchrun (RANK/WORLD_SIZE/LOCAL_RANK) or Slurm (SLURM_PROCID/...), else None."""
-    env = os.environ
-    if "RANK" in env and "WORLD_SIZE" in env:
-        world = int(env["WORLD_SIZE"])
-        return {"rank": int(env["RANK"]), "world_size": world, "local_rank": int(env.get("LOCAL_RANK", 0)),
-                "local_world_size": int(env.get("LOCAL_WORLD_SIZE", world))}
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and int(env["SLURM_NTASKS"]) > 1:
-        world = int(env["SLURM_NTASKS"])
-        # "4", or per node groups such as "2(x3),1" (srun always sets SLURM_TASKS_PER_NODE): this node's
-        # count is not said; the first group's is a fair guess
-        per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "")
-        match = re.match(r"\d+", per_node)
-        local_world = int(match.group()) if match and int(match.group()) > 0 else world
-        return {"rank": int(env["SLURM_PROCID"]), "world_size": world,
-                "local_rank": int(env.get("SLURM_LOCALID", 0)), "local_world_size": local_world}
-    return None
-
-
+# ---- backend and threads -------------------------------------------------------------------------
 def resolve_backend(backend: str, local_world_size: int) -> str:
     """`auto` -> nccl when there is one GPU per local rank, else gloo; nccl without enough GPUs is an error."""
     import torch
@@ -205,6 +203,7 @@ def launch(fn: Callable[..., Any], *args: Any, config: LaunchConfig = LaunchConf
         return _launch_external(fn, args, config, external)
     if config.world_size < 1:
         raise UsageError(f"world size must be at least 1, got {config.world_size}")
+    check_local_world(config.world_size, oversubscribe=config.oversubscribe)
     backend = resolve_backend(config.backend, config.world_size)
 
     import torch.distributed as dist
@@ -288,7 +287,19 @@ def _launch_external(fn: Callable[..., Any], args: tuple, config: LaunchConfig,
     os.environ.setdefault("MASTER_ADDR", os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
     os.environ.setdefault("MASTER_PORT", "29500")
     backend = resolve_backend(config.backend, layout["local_world_size"])
-    ctx = _init_rank(layout, config, backend, None)
+    try:
+        with _held_stderr():
+            ctx = _init_rank(layout, config, backend, None)
+    except (getattr(dist, "DistError", RuntimeError), ValueError) as error:
+        # DistStoreError (rank 0: peers never joined), DistNetworkError (master unreachable), a malformed
+        # MASTER_PORT: a setup problem, said in one line instead of torch's traceback
+        cause = str(error).strip().splitlines()[0].rstrip(".") if str(error).strip() else type(error).__name__
+        address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        raise RendezvousError(layout["rank"], (
+            f"rank {layout['rank']} of {layout['world_size']}: no process group formed at {address} within "
+            f"{config.timeout_s:g} s ({cause}); check that MASTER_ADDR/MASTER_PORT name a host every rank can "
+            f"reach and a port free there, and that all {layout['world_size']} ranks were started (torchrun "
+            "--nnodes/--nproc-per-node, srun -n)")) from None
     try:
         value = fn(ctx, *args)
         gathered: list[Any] | None = [None] * ctx.world_size if ctx.rank == 0 else None
@@ -296,3 +307,29 @@ def _launch_external(fn: Callable[..., Any], args: tuple, config: LaunchConfig,
         return gathered
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _held_stderr() -> Any:
+    """Hold what is written to file descriptor 2 meanwhile: replayed when the block succeeds, dropped when
+    it raises (a failed TCPStore connect logs a C++ stack per retry; RendezvousError says it in one line)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no usable fd 2: nothing to hold
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        succeeded = False
+        try:
+            yield
+            succeeded = True
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if succeeded:
+                held.seek(0)
+                data = held.read()
+                if data:
+                    os.write(2, data)

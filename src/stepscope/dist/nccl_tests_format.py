@@ -1,7 +1,7 @@
 """The nccl-tests text format: write `comm` records as nccl-tests prints them, and read nccl-tests logs
 (real ones, or ours) back into `comm` records (`stepscope comm --import FILE`).
 
-Writing: one block per backend, op, world size, dtype and mode; one line per size with the
+Writing: one block per backend, op, world size, dtype, mode (and redop); one line per size with the
 out-of-place and in-place columns (`N/A` where a placement was not measured or is unsupported);
 the footer counts out-of-bounds results and averages busbw like nccl-tests. One difference is stated
 in the block's first comment line: stepscope's time is the max over ranks (nccl-tests averages over
@@ -53,7 +53,7 @@ def write_nccl_tests(records: Iterable[dict[str, Any]]) -> str:
         if record.get("kind") != "comm" or config.get("record") != "point":
             continue
         key = (config["backend"], config["op"], config["world_size"], config["dtype"], config["mode"],
-               config.get("root", -1), config.get("iters"), config.get("warmup"))
+               config.get("redop"), config.get("root", -1), config.get("iters"), config.get("warmup"))
         blocks.setdefault(key, []).append(record)
     # like nccl-tests, nothing is printed for what did not run (a dtype or op the backend lacks)
     return "".join(_block(rows) for rows in blocks.values() if any(_measured(r) for r in rows))
