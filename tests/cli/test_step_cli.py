@@ -78,6 +78,7 @@ def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
 
 def test_unsupported_precision_and_unwritable_out(cli, tmp_path, monkeypatch):
     import stepscope.measure.device as device
+    import stepscope.measure.step  # noqa: F401 - imported now, so that its modules bind the real autocast
 
     def broken_autocast(*args, **kwargs):
         raise RuntimeError("fp16 is not available here")
@@ -134,3 +135,41 @@ def test_ctrl_c_keeps_finished_points_and_resume_skips_them(tmp_path):
     seqs = [r["config"]["seq"] for r in read_records(path)]
     assert sorted(seqs) == [16, 32, 48, 64, 80, 96]  # every point exactly once
     assert "skipped" in done.stdout
+
+
+def test_ab_times_two_setups_side_by_side_and_records_one_point(cli, tmp_path):
+    code, out, err = cli("step", "--model", "tiny", "--batch", "2", "--seq", "16", "--n-layers", "1,2", "--warmup",
+                         "1", "--iters", "3", "--ab", "--out", tmp_path)
+    assert code == 0, err
+    assert "A         n_layers 1" in out and "B         n_layers 2" in out and "interleaved pairs" in out
+    (record,) = read_records(tmp_path / "step-ab.jsonl")
+    assert record["status"] == "ok" and record["metrics"]["pairs"] == 3
+    assert record["config"]["a"]["model_spec"]["n_layers"] == 1 and record["config"]["b"]["model_spec"]["n_layers"] == 2
+    m = record["metrics"]
+    assert m["ratio_p10"] <= m["ratio_median"] <= m["ratio_p90"] and m["a_step_n"] == m["b_step_n"] == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seq", "16,32", "--attention", "naive,sdpa"], "--ab compares exactly two setups"),
+    (["--seq", "16"], "these options make 1"),
+    (["--seq", "16", "--warmup", "0,1"], "give one value of --warmup"),
+    (["--seq", "16,32", "--resume"], "--resume does not apply to --ab"),
+])
+def test_ab_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
+    code, _, err = cli("step", "--model", "tiny", "--ab", "--out", tmp_path, *args)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "step-ab.jsonl").exists()
+
+
+def test_ab_verdict_names_the_faster_setup():
+    from stepscope.measure.stats import Stats
+    from stepscope.measure.step import StepConfig
+    from stepscope.measure.step_ab import StepABResult
+    from stepscope.measure.timer import ABResult
+    from stepscope.spec import get_preset
+
+    config = StepConfig(model=get_preset("tiny"))
+    slow_a = ABResult(a=Stats.of([2.0, 2.0, 2.2]), b=Stats.of([1.0, 1.0, 1.0]), ratios=[2.0, 2.0, 2.2])
+    assert StepABResult(config, config, slow_a, 1, "cpu").verdict().endswith("B is 2.00x faster")
+    fast_a = ABResult(a=Stats.of([1.0, 1.0, 1.0]), b=Stats.of([4.0, 4.0, 4.0]), ratios=[0.25, 0.25, 0.25])
+    assert StepABResult(config, config, fast_a, 1, "cpu").verdict().endswith("A is 4.00x faster")

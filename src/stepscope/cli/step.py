@@ -22,6 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--iters", default="10", help="timed steps")
     parser.add_argument("--seed", type=int, default=0, help="seed for weights and data")
     add_threads_option(parser)
+    parser.add_argument("--ab", action="store_true",
+                        help="compare exactly two setups (e.g. --attention naive,sdpa) side by side: whole steps of "
+                             "A and B alternate, and the median per-pair time ratio is the answer")
     add_output_options(parser)
     parser.set_defaults(func=run)
 
@@ -69,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
                in itertools.product(workload_grid(args), warmups, iters, threads_list(args))]
     for config in configs:
         config.validate()
+    if args.ab:
+        return run_ab(args, configs)
     store = RecordStore(args.out, "step").check_writable()
     printer = Printer(args.format)
 
@@ -97,5 +102,42 @@ def run(args: argparse.Namespace) -> int:
         printer.emit(rows, title="sweep summary", columns=[c for c in SUMMARY_COLUMNS if any(c in r for r in rows)])
     if outcome.skipped:
         printer.note(f"skipped {outcome.skipped} point(s) already in {store.path} (--resume)")
+    printer.note(f"records: {store.path}")
+    return 0
+
+
+def run_ab(args: argparse.Namespace, configs: list) -> int:
+    """`--ab`: one record (kind step-ab) with both setups, their step times and the per-pair ratios."""
+    from stepscope.cli.output import Printer
+    from stepscope.errors import UsageError
+    from stepscope.measure.device import is_out_of_memory, release_memory, resolve_device
+    from stepscope.measure.environment import torch_environment
+    from stepscope.measure.step_ab import benchmark_ab, check_pair, describe
+    from stepscope.results.store import RecordStore, make_record
+
+    a, b = check_pair(configs)
+    if args.resume:
+        raise UsageError("--resume does not apply to --ab (one measurement of two setups)")
+    store = RecordStore(args.out, "step-ab").check_writable()
+    printer = Printer(args.format)
+    device = resolve_device(a.device)
+    env = torch_environment(device, threads=a.threads)
+    config = {"a": a.record_config(), "b": b.record_config()}
+    try:
+        result = benchmark_ab(a, b)
+    except Exception as error:  # an out-of-memory is a result (a row), anything else a bug
+        if not is_out_of_memory(error):
+            raise
+        release_memory(device)
+        store.append(make_record("step-ab", config, status="oom", env=env, note=str(error).splitlines()[0]))
+        printer.emit([{"A": describe(a, b), "B": describe(b, a), "status": "oom"}])
+        printer.note(f"records: {store.path}")
+        return 0
+    store.append(make_record("step-ab", result.record_config(), result.metrics(), env=env))
+    printer.emit(result.rows(), title=f"A/B: {a.model.name} batch {a.workload.batch} seq {a.workload.seq} "
+                                      f"{a.workload.mode} {a.workload.precision}, whole steps interleaved "
+                                      f"(A B, B A, ...) after {a.warmup} warm-up pair(s) "
+                                      f"({result.device}, {result.threads} threads)")
+    printer.note(result.verdict())
     printer.note(f"records: {store.path}")
     return 0
