@@ -62,3 +62,17 @@ def test_bad_input_is_one_line_exit_2_and_no_record(cli, tmp_path, args, message
     assert code == 2, err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "ddp.jsonl").exists()
+
+
+def test_too_many_local_ranks_names_oversubscribe_which_lifts_the_cap(cli, tmp_path, monkeypatch):
+    from stepscope.dist.launch_env import OVERSUBSCRIBE_ENV
+
+    monkeypatch.delenv(OVERSUBSCRIBE_ENV, raising=False)
+    base = ["ddp", "--model", "tiny", "--seq", "16", "--out", tmp_path]
+    code, _, err = cli(*base, "--world", "99999")
+    assert code == 2 and "--oversubscribe" in err and "99999 local ranks" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    # with the flag the cap is gone: the next check (batch split) speaks, still before any rank starts
+    code, _, err = cli(*base, "--world", "99999", "--oversubscribe")
+    assert code == 2 and "not divisible by world size 99999" in err and "--oversubscribe" not in err
+    assert not (tmp_path / "ddp.jsonl").exists()

@@ -2,13 +2,18 @@
 
 import multiprocessing
 import os
+import signal
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from stepscope.dist.launch_env import MAX_RANKS_PER_CORE, OVERSUBSCRIBE_ENV, check_local_world
-from stepscope.dist.launcher import DistributedError, LaunchConfig, external_launch_env, launch, resolve_backend
+from stepscope.dist.launcher import (START_PAUSE_ENV, DistributedError, LaunchConfig, external_launch_env, launch,
+                                     resolve_backend)
 from stepscope.errors import UsageError
+from tests.conftest import STEPSCOPE, subprocess_env
 
 
 def all_reduce_rank(ctx, offset):
@@ -140,3 +145,63 @@ def test_a_local_world_far_beyond_the_machine_is_refused_before_any_spawn(cli, t
     assert stdout == "" and not out.exists() and time.monotonic() - start < 10
     monkeypatch.setenv(OVERSUBSCRIBE_ENV, "1")
     check_local_world(limit + 1)
+
+
+def _spawned_ranks(parent: int) -> list[int]:
+    """Pids of the multiprocessing children of `parent` (the ranks, not the resource tracker)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat, cmdline = (entry / "stat").read_text(), (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"spawn_main" in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _sigint_ignored(pid: int) -> bool | None:
+    """Whether `pid` ignores SIGINT (its rank code runs), None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    if "State:\tZ" in status:
+        return None
+    mask = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16)
+    return bool(mask & (1 << (signal.SIGINT - 1)))
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_ctrl_c_while_ranks_start_is_one_line_exit_130_and_no_rank_left(tmp_path):
+    """Ctrl-C while rank 0 still imports torch (it must not print a KeyboardInterrupt traceback), then in
+    the parent between the starts of rank 0 and rank 1 (it must not wait on the rank that never started)."""
+    env = dict(subprocess_env(), **{START_PAUSE_ENV: "60"})  # rank 1 starts a minute after rank 0
+    argv = [*STEPSCOPE, "comm", "--world", "2", "--sizes", "1K", "--iters", "1", "--warmup", "0", "--no-plot",
+            "--out", str(tmp_path)]
+    # own session: the Ctrl-C below goes to this run's process group only, as a terminal's would; SIGINT's
+    # default restored for runners that start jobs with it ignored
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp_path,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 60
+        while not (ranks := _spawned_ranks(proc.pid)) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(ranks) == 1, f"rank 0 never started: {ranks}"
+        rank0 = ranks[0]
+        # Ctrl-C reaches rank 0 at once (it is still starting: python, then torch); the parent reacts late
+        os.kill(rank0, signal.SIGINT)
+        while _sigint_ignored(rank0) is False and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _sigint_ignored(rank0), "rank 0 died of the Ctrl-C that reached it while it started"
+        assert proc.poll() is None and _spawned_ranks(proc.pid) == [rank0]  # rank 1 is not started yet
+        os.killpg(proc.pid, signal.SIGINT)  # the parent sleeps between the two starts
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    err = err.decode()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["stepscope: interrupted; finished points are kept in the record store"], err
+    assert _sigint_ignored(rank0) is None  # torn down, not left behind

@@ -32,3 +32,19 @@ def test_writability_is_checked_without_leaving_files(tmp_path):
         check_writable_dir(blocker / "plots", "plots")
     with pytest.raises(UsageError, match="is a directory"):
         check_writable_file(tmp_path, "the trace")
+
+
+def test_a_file_where_a_folder_is_expected_is_named_as_such(tmp_path, cli):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(UsageError, match=r"cannot write plots to .*file: it is a file, not a folder \(give a folder"):
+        check_writable_dir(blocker, "plots")
+    with pytest.raises(UsageError, match=r"file is a file, not a folder"):  # a folder under a file
+        check_writable_dir(blocker / "plots", "plots")
+    assert blocker.read_text() == "x"
+    # end to end: `memory --plot-dir FILE` is one line, exit 2, nothing recorded (not "File exists")
+    code, _, err = cli("memory", "--model", "tiny", "--batch", "1", "--seq", "8", "--out", tmp_path / "out",
+                       "--plot-dir", blocker)
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"cannot write timeline plots to {blocker}: it is a file, not a folder" in err
+    assert "File exists" not in err and not (tmp_path / "out" / "memory.jsonl").exists()

@@ -5,13 +5,16 @@ with and without optimizer-state sharding, analytic b*. Parsing and printing onl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from stepscope.cli.options import (add_model_options, add_output_options, choice, model_specs, non_negative_int,
                                    parse_list, positive_int)
+from stepscope.dist.launch_env import MAX_RANKS_PER_CORE, OVERSUBSCRIBE_ENV
 from stepscope.errors import UsageError
 from stepscope.spec import PRECISIONS
 
@@ -48,6 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     timing.add_argument("--backend", default="auto", help="auto|gloo|nccl (default auto)")
     timing.add_argument("--seed", default="0", help="seed for weights (+rank) and data")
     timing.add_argument("--timeout", default="600", help="seconds a rank may wait on a peer (default 600)")
+    timing.add_argument("--oversubscribe", action="store_true", help="start more local ranks than the limit of "
+                        f"{MAX_RANKS_PER_CORE} per CPU core (ranks started by torchrun/srun are not limited)")
     plot = parser.add_argument_group("plot")
     plot.add_argument("--plot", default=None, help="PNG path (default <out>/ddp.png)")
     plot.add_argument("--no-plot", action="store_true", help="do not write the PNG")
@@ -81,11 +86,14 @@ def _single(text: str, convert: Any, option: str) -> Any:
 def build_configs(args: argparse.Namespace) -> list[Any]:
     """Every benchmark point of the command line, validated (UsageError on any bad value)."""
     from stepscope.dist.ddp_bench import DDPBenchConfig
+    from stepscope.dist.launch_env import check_local_world
     from stepscope.dist.launcher import external_launch_env
 
     specs = model_specs(args)
     world = _single(args.world, positive_int, "--world")
     external = external_launch_env()  # under torchrun/Slurm its world size is the real one (records, batch split)
+    if external is None:  # before the batch split: too many ranks is the first thing to say
+        check_local_world(world, oversubscribe=args.oversubscribe)
     batches = parse_list(args.batch, positive_int, "--batch")
     seqs = parse_list(args.seq, positive_int, "--seq")
     threads = [None] if args.threads is None else parse_list(args.threads, positive_int, "--threads")
@@ -134,6 +142,23 @@ def _plot_path(args: argparse.Namespace) -> Path | None:
     return path
 
 
+@contextlib.contextmanager
+def _oversubscribed(enabled: bool) -> Any:
+    """--oversubscribe for the launcher, which reads STEPSCOPE_OVERSUBSCRIBE (DDPBenchConfig has no such
+    field); set only meanwhile, so a caller in this process is not left oversubscribing."""
+    previous = os.environ.get(OVERSUBSCRIBE_ENV)
+    if enabled:
+        os.environ[OVERSUBSCRIBE_ENV] = "1"
+    try:
+        yield
+    finally:
+        if enabled:
+            if previous is None:
+                os.environ.pop(OVERSUBSCRIBE_ENV, None)
+            else:
+                os.environ[OVERSUBSCRIBE_ENV] = previous
+
+
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
     from stepscope.dist.launcher import external_launch_env
@@ -159,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
         if keys <= done:
             skipped += 1
             continue
-        result = run_ddp_benchmark(config)
+        with _oversubscribed(args.oversubscribe):
+            result = run_ddp_benchmark(config)
         if result is None or not reporting:
             continue
         env = torch_environment(result.device, result.world_size)

@@ -10,6 +10,8 @@ Never a hang: a rank that raises or dies is reported to the parent, which tears 
 (SIGTERM, then SIGKILL after `teardown_s`) and raises `DistributedError` with the failing rank's error
 and the tail of its traceback. Collectives get `timeout_s`, so a rank waiting on a dead peer errors out
 too. Local rendezvous goes through a TCPStore the parent owns on a port the OS picks (no port races).
+Ctrl-C is the parent's alone (ranks are born with SIGINT blocked, then ignore it): it tears the started
+ranks down and lets KeyboardInterrupt through, even half-way through starting them.
 
 Who starts the ranks (torchrun, an srun job step, or this process) and how many may be spawned here:
 see `launch_env`. Under torchrun/Slurm, a rendezvous that fails (a peer that never starts, a wrong
@@ -27,15 +29,18 @@ import queue
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from stepscope.dist.launch_env import check_local_world, external_launch_env
 from stepscope.errors import UsageError
 
 BACKENDS = ("auto", "gloo", "nccl")
+START_PAUSE_ENV = "STEPSCOPE_TEST_START_PAUSE_S"
+"""Tests only: seconds to wait between two local rank starts (to interrupt a launch half-way, on purpose)."""
 
 
 class DistributedError(RuntimeError):
@@ -147,7 +152,12 @@ def _spawned_rank(rank: int, world_size: int, port: int, config: LaunchConfig, b
     message, traceback tail)."""
     import torch.distributed as dist
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it tears us down
+    # Ctrl-C is the parent's to handle; it tears us down. This rank started with SIGINT blocked (see
+    # `_sigint_held`): ignoring it drops a Ctrl-C held since then, unblocking it gives programs this rank
+    # starts the usual signal mask
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         store = dist.TCPStore(config.master_addr, port, world_size=None, is_master=False,
                               timeout=dt.timedelta(seconds=config.timeout_s))
@@ -184,6 +194,7 @@ def _describe_exit(code: int | None) -> str:
 
 
 def _terminate(processes: list[mp.process.BaseProcess], grace_s: float) -> None:
+    processes = [p for p in processes if p.pid is not None]  # a Ctrl-C may come between two rank starts
     for process in processes:
         if process.is_alive():
             process.terminate()
@@ -220,8 +231,11 @@ def launch(fn: Callable[..., Any], *args: Any, config: LaunchConfig = LaunchConf
     deaths: dict[int, str] = {}
     start = time.monotonic()
     try:
-        for process in processes:
-            process.start()
+        for rank, process in enumerate(processes):
+            if rank:
+                _pause_between_starts()
+            with _sigint_held():
+                process.start()
         while len(values) < config.world_size and not errors and not deaths:
             _drain(results, values, errors, timeout=0.1)
             _find_deaths(processes, values, errors, deaths, results)
@@ -247,6 +261,46 @@ def launch(fn: Callable[..., Any], *args: Any, config: LaunchConfig = LaunchConf
         _, message, details = errors[rank]
         raise DistributedError(rank, message + _others(len(errors) - 1), details)
     return [values[rank] for rank in range(config.world_size)]
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Start a rank with SIGINT blocked and hold a Ctrl-C meanwhile (delivered, as usual, on leaving).
+
+    A spawned rank imports torch for a second or two before `_spawned_rank` can ignore SIGINT; a Ctrl-C
+    in that time (the terminal sends it to the rank too) would print the rank's KeyboardInterrupt traceback.
+    A blocked signal mask survives fork and exec, so the rank holds that Ctrl-C until it ignores it. Here
+    the Ctrl-C is only held for the few milliseconds of `start()`, which it would otherwise cut in half
+    (a child running that the parent does not know about). CPython's resource tracker does the same."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()  # when it has to start it, it unblocks SIGINT: not inside the block
+    held: list[Any] = []
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    replace = previous is not None and previous is not signal.SIG_IGN
+    if replace:  # another thread (the TCPStore's) may take the signal: its Python handler would still raise here
+        signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C pending meanwhile reaches `held` here
+        if replace:
+            signal.signal(signal.SIGINT, previous)
+    if held:
+        if callable(previous):
+            previous(signal.SIGINT, held[0])  # the default handler raises KeyboardInterrupt
+        elif previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def _pause_between_starts() -> None:
+    pause = os.environ.get(START_PAUSE_ENV, "").strip()
+    if pause:
+        time.sleep(float(pause))
 
 
 def _others(count: int) -> str:
