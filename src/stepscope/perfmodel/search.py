@@ -235,20 +235,12 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
         rejected[MEMORY_RULE] = evaluated - feasible
     top = []
     if best:
-        _, _, cands, out = best[0]
         # ties (e.g. selective recompute with flash attention changes nothing, or two placements that put the
         # same groups on the same links) are one answer: the simpler plan stands for them, the rest are counted
-        order = np.lexsort((cands.placement, cands.recompute, cands.zero, out["mem_GiB"], -out["tokens_per_s"]))
-        speed, memory = _rounded_speed(out), np.round(out["mem_GiB"], 9)
-        kept: dict[tuple[float, float], int] = {}
-        for i in order:
-            tie = (float(speed[i]), float(memory[i]))
-            if tie in kept:
-                top[kept[tie]][1]["equivalent_plans"] += 1
-            elif len(top) < top_k:
-                kept[tie] = len(top)
-                top.append((cands.plan(int(i)), {**{k: _scalar(v[i]) for k, v in out.items()},
-                                                 "equivalent_plans": 0}))
+        _, _, cands, out = best[0]
+        for i in range(min(top_k, len(out["plans"]))):
+            metrics = {k: _scalar(v[i]) for k, v in out.items() if k != "plans"}
+            top.append((cands.plan(i), {**metrics, "equivalent_plans": int(out["plans"][i]) - 1}))
     near = None
     if not top and closest is not None:
         near = (closest[1].plan(0), {k: _scalar(v[0]) for k, v in closest[2].items()})
@@ -268,18 +260,32 @@ def _rounded_speed(out: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def _top(cands: Candidates, out: dict[str, np.ndarray], ok: np.ndarray, k: int):
-    """The feasible candidates at or above the k-th best distinct speed: k distinct answers survive the
-    collapse of ties, and every tie of theirs is kept, so that the `equivalent` counts are complete."""
+    """The k best distinct answers among the `ok` candidates, best first (by speed, then memory): one
+    representative each, the simplest plan of its ties (lowest ZeRO stage, recompute mode, placement), and in
+    out["plans"] how many candidates it stands for. Applied per chunk and again to merged lists, it gives
+    the k best answers of the whole search with complete tie counts: an answer among the k best overall is
+    among the k best of every chunk that holds it."""
     index = np.nonzero(ok)[0]
-    speed = _rounded_speed(out)[index]
+    plans = out["plans"][index] if "plans" in out else np.ones(len(index), dtype=np.int64)
+    speed, memory = _rounded_speed(out)[index], np.round(out["mem_GiB"][index], 9)
+    # only candidates at or above the k-th best distinct speed can be among the k best answers; every speed
+    # above the minimum of the best m is among them, so their k-th distinct one is the overall one
     m = min(4 * k, len(speed))
-    # every speed above the minimum of the best m is among them, so their k-th distinct one is the overall one
     distinct = np.unique(speed[np.argpartition(-speed, m - 1)[:m]])
     if len(distinct) < k:  # heavy ties: look at every distinct speed
         distinct = np.unique(speed)
     if len(distinct) > k:
-        index = index[speed >= distinct[-k]]
-    return (0.0, 0, cands.subset(index), {key: value[index] for key, value in out.items()})
+        near_top = speed >= distinct[-k]
+        index, plans, speed, memory = index[near_top], plans[near_top], speed[near_top], memory[near_top]
+    order = np.lexsort((cands.placement[index], cands.recompute[index], cands.zero[index], memory, -speed))
+    index, plans, speed, memory = index[order], plans[order], speed[order], memory[order]
+    first = np.ones(len(index), dtype=bool)
+    first[1:] = (speed[1:] != speed[:-1]) | (memory[1:] != memory[:-1])
+    counts = np.bincount(np.cumsum(first) - 1, weights=plans).astype(np.int64)
+    chosen = index[first][:k]
+    kept = {key: value[chosen] for key, value in out.items() if key != "plans"}
+    kept["plans"] = counts[:k]
+    return (0.0, 0, cands.subset(chosen), kept)
 
 
 def _merge(parts: Sequence[tuple], k: int):
