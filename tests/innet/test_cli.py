@@ -68,6 +68,14 @@ def test_bench_checks_every_result_under_loss(cli, tmp_path):
     assert any(r["config"]["job"] and r["metrics"]["ok"] > 0 for r in switch_records)
 
 
+def test_bench_averages_int32_like_gloo(cli, tmp_path):
+    code, out, err = cli("innet", "bench", "--world", "2", "--sizes", "1K", "--mode", "per-op", "--warmup", "0",
+                         "--iters", "1", "--check", "--dtype", "i32", "--op", "avg", "--out", tmp_path)
+    assert code == 0, err
+    (record,) = read_records(tmp_path / "innet-bench.jsonl")
+    assert record["metrics"]["wrong_elements"] == 0 and record["metrics"]["checked_elements"] == 2 * 256  # both ranks
+
+
 def test_timeout_profile_prints_dpa_layout_and_applies_the_straggler(cli, tmp_path):
     code, out, err = cli("innet", "timeout-profile", "--world", "2", "--sto-ms", "0.05,5", "--rto-ms", "20,50",
                          "--ops", "3", "--size", "1K", "--straggler", "ranks=1;delay=100ms;steps=0",

@@ -26,18 +26,21 @@ def test_exact_ints_and_bounded_floats_under_loss_duplication_and_reordering(swi
     def rank(r):
         member = job(switch, r, world, pipes=1, slots=8, rto_ms=3, faults=FAULTY,  # k = 64: numel % k != 0
                      sender_threads=senders)
-        a, b, c = ints[r].copy(), floats[r].copy(), floats[r].copy()
+        a, b, c, d = ints[r].copy(), floats[r].copy(), floats[r].copy(), ints[r].copy()
         member.all_reduce(a, "sum")
-        pending = [member.submit(b, "sum"), member.submit(c, "avg")]  # two ops in flight (batch)
+        pending = [member.submit(b, "sum"), member.submit(c, "avg"), member.submit(d, "avg")]  # in flight together
         for x in pending:
             x.wait()
         counters = member.counters
         member.close()
-        return a, b, c, counters
+        return a, b, c, counters, d
 
     results = run_ranks(world, rank)
-    for a, b, c, counters in results:
-        assert np.array_equal(a, np.sum(ints, axis=0, dtype=np.int64).astype(np.int32))
+    total = np.sum(ints, axis=0, dtype=np.int64)
+    for a, b, c, counters, d in results:
+        assert np.array_equal(a, total.astype(np.int32))
+        assert np.array_equal(d, (np.sign(total) * (np.abs(total) // world)).astype(np.int32))  # C's int division
+        assert check_result(d, ints, values_per_packet=64, average=True).wrong == 0
         assert check_result(b, floats, values_per_packet=64, average=False).wrong == 0
         assert check_result(c, floats, values_per_packet=64, average=True).wrong == 0
         assert np.array_equal(c, results[0][2])  # every rank holds the very same average
@@ -147,7 +150,7 @@ def test_bad_requests_are_usage_errors(switch):
     with pytest.raises(UsageError):
         member.all_reduce(np.ones(4, np.float64))
     with pytest.raises(UsageError):
-        member.all_reduce(np.ones(4, np.int32), "avg")
+        member.all_reduce(np.ones(4, np.int32), "max")
     with pytest.raises(UsageError):
         member.all_reduce(np.ones(4, np.float32), k=2)
     assert member.all_reduce(np.ones(4, np.float32), "sum").tolist() == [1.0] * 4  # world 1 works

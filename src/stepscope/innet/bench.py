@@ -42,7 +42,7 @@ class BenchConfig:
     iters: int = 10
     """Timed iterations per cell."""
     dtype: str = "f32"
-    """f32 (quantized, averaged or summed) or i32 (exact sums)."""
+    """f32 (quantized, averaged or summed) or i32 (exact sums; averages truncated toward zero)."""
     op: str = "avg"
     """avg or sum."""
     k: int | None = None
@@ -67,8 +67,6 @@ class BenchConfig:
             raise UsageError(f"--mode must be {' or '.join(MODES)}")
         if self.dtype not in ("f32", "i32") or self.op not in ("avg", "sum"):
             raise UsageError("--dtype f32|i32 and --op avg|sum")
-        if self.dtype == "i32" and self.op == "avg":
-            raise UsageError("int32 is summed exactly: use --op sum with --dtype i32")
         if self.k is not None and not 1 <= self.k <= self.world:
             raise UsageError(f"-k must be 1..world ({self.world})")
         if self.batch < 1 or self.iters < 1 or self.warmup < 0:
@@ -176,9 +174,9 @@ def _time_gloo(tensors: list[Any], source: np.ndarray, config: BenchConfig, dela
     works = [dist.all_reduce(tensor, async_op=True) for tensor in tensors]
     for work in works:
         work.wait()
-    if config.op == "avg":
+    if config.op == "avg":  # the same arithmetic as the switch's average: integers divide toward zero
         for tensor in tensors:
-            tensor.div_(world)
+            tensor.div_(world, rounding_mode="trunc" if not tensor.is_floating_point() else None)
     return time.perf_counter() - start
 
 

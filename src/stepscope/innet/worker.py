@@ -271,7 +271,9 @@ class InnetJob:
     # ---- all-reduce ---------------------------------------------------------------------------
     def submit(self, tensor: Any, op: str = "avg", k: int | None = None, preemptive: bool = False,
                callback: Callable[[Op], Any] | None = None) -> Pending:
-        """Start reducing `tensor` in place (float32 -> quantized sum or average; int32 -> exact sum).
+        """Start reducing `tensor` in place (float32 -> quantized sum or average; int32 -> exact sum with
+        int32 wrap-around, or its average: the sum divided by the real contributor count, truncated toward
+        zero as C's integer division and NCCL's integer average do).
         `k` is the fastest-K: the switch may complete a block without the slowest ranks once the straggler
         timeout passed and k contributions arrived (None = world: wait for everyone)."""
         if self.engine is None:
@@ -283,8 +285,6 @@ class InnetJob:
         if not 1 <= min_count <= world:
             raise UsageError(f"k must be 1..world ({world}), got {k}")
         array, finish = _as_array(tensor)
-        if array.dtype == np.int32 and op == "avg":
-            raise UsageError("int32 tensors are summed exactly; use op='sum' (avg needs float32)")
         with self._lock:  # op ids follow submit order, which every rank must share
             op_id, self.next_op = self.next_op, self.next_op + 1
         job_op = Op(op_id, array, average=op == "avg", min_count=min_count, preemptive=preemptive,

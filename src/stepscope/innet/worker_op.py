@@ -4,7 +4,7 @@ An op of n values is C = ceil(n / k) data blocks. A float op (quantized) starts 
 exponent-only prologue packets, so the op is T = P + C packets in the job's stream: packet q < P is the
 prologue of block q, packet P + c carries the values of block c. Every packet q also carries this
 worker's exponent of data block q (the block that waits on it), which is how the exponent is agreed one
-block ahead. An int32 op has no prologue (P = 0) and is summed exactly.
+block ahead. An int32 op has no prologue (P = 0) and is summed exactly (an average divides by the count, toward zero).
 
 Results are written into the op's own tensor (in place): a block's values are read, quantized and kept
 in the stored datagram before its result can arrive, so the overwrite is safe.
@@ -102,6 +102,9 @@ class Op:
             if self.quantized:
                 divisor = h.contributors if self.average else 1
                 self.array[start:start + h.count] = dequantize(ints, h.exponent, self.world, divisor)
+            elif self.average:  # exact sum, then C's integer division (toward zero) by the real count
+                total = ints.astype(np.int64)
+                self.array[start:start + h.count] = np.sign(total) * (np.abs(total) // h.contributors)
             else:
                 self.array[start:start + h.count] = ints
             self.contributors[block] = h.contributors
