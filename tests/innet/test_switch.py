@@ -180,6 +180,8 @@ def _fuzz(switch):
     # evict_after_s, a real job's JOIN evicts one of them
     assert len(switch.jobs) == switch.config.max_jobs and not any(j.proven for j in switch.jobs.values())
     time.sleep(switch.config.evict_after_s + 0.1)
+    # stray JOINs still in flight may evict junk jobs too: count only the real job's eviction
+    evicted_before = switch.counters["jobs_evicted"]
     from tests.innet.conftest import job, run_ranks
 
     def rank(r):
@@ -188,4 +190,4 @@ def _fuzz(switch):
 
     sums = run_ranks(2, rank)
     assert all((x == 3).all() for x in sums)
-    assert switch.counters["jobs_evicted"] == 1 and 77 in switch.job_counters()
+    assert switch.counters["jobs_evicted"] == evicted_before + 1 and 77 in switch.job_counters()

@@ -89,8 +89,11 @@ def test_calibrate_prints_kept_values_and_their_source(cli, tmp_path):
     (line,) = [line for line in out.splitlines() if line.split()[:1] == ["bandwidth_GBps"]]
     assert line.split()[1] == "12" and "kept from CPU" in line
     assert "not constrained by these records" in out and "underdetermined: 8 measured phases for 9" in out
-    code, _, err = cli("calibrate", REAL, "--max-efficiency", "1.5", "--system-out", system, "--out", tmp_path)
+    untouched = tmp_path / "new"
+    code, _, err = cli("calibrate", REAL, "--max-efficiency", "1.5", "--system-out", untouched / "s.toml",
+                       "--out", untouched)
     assert code == 2 and "--max-efficiency must be in (0, 1.1]" in err and len(err.strip().splitlines()) == 1
+    assert not untouched.exists()  # refused before anything was created
 
 
 def test_fewer_phases_than_parameters_stays_physical_and_says_so():

@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
     from stepscope.cli.output import Printer
     from stepscope.errors import UsageError
-    from stepscope.perfmodel.calibrate import DEFAULT_KNOTS_GFLOP, MAX_EFFICIENCY, PRIOR_WEIGHT, calibrate
+    from stepscope.perfmodel.calibrate import (DEFAULT_KNOTS_GFLOP, MAX_EFFICIENCY, PRIOR_WEIGHT, calibrate,
+                                               check_max_efficiency)
     from stepscope.perfmodel.compare import compare, summary
     from stepscope.perfmodel.records import load_records, parse_where
     from stepscope.results.environment import base_environment
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--prior-weight must be >= 0, got {args.prior_weight}")
     max_efficiency = MAX_EFFICIENCY if args.max_efficiency is None else parse_list(args.max_efficiency, float,
                                                                                    "--max-efficiency")[0]
+    check_max_efficiency(max_efficiency)  # before any folder is created
     target = Path(args.system_out)
     if target.is_dir():
         raise UsageError(f"cannot write the system to {target}: it is a folder")

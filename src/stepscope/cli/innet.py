@@ -13,7 +13,7 @@ from typing import Any
 from stepscope.cli.options import (add_model_options, add_output_options, choice, non_negative_int, parse_list,
                                    positive_int)
 from stepscope.errors import UsageError
-from stepscope.innet.options import (add_job_options, convert, fraction, job_config, non_negative_float, optional_k,
+from stepscope.innet.options import (add_job_options, convert, fraction, job_config, optional_k,
                                      positive_float, size_bytes)
 
 BENCH_COLUMNS = ["size_bytes", "mode", "innet_latency_ms_median", "innet_algbw_Gbps", "gloo_latency_ms_median",
@@ -95,7 +95,7 @@ def run_switch(args: argparse.Namespace) -> int:
     config = SwitchConfig(host=args.host, port=port, max_jobs=convert(args.max_jobs, positive_int, "--max-jobs"),
                           max_job_bytes=convert(args.max_job_mib, positive_int, "--max-job-mib") << 20,
                           idle_s=convert(args.idle_s, positive_float, "--idle-s"),
-                          evict_after_s=convert(args.evict_after_s, non_negative_float, "--evict-after-s"))
+                          evict_after_s=convert(args.evict_after_s, positive_float, "--evict-after-s"))
     duration = convert(args.duration_s, positive_float, "--duration-s") if args.duration_s else None
     interval = convert(args.stats_interval_s, positive_float, "--stats-interval-s") if args.stats_interval_s else None
     store = None if args.no_records else RecordStore(args.out, "innet-switch").check_writable()

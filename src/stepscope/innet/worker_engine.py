@@ -76,7 +76,7 @@ class Engine:
         self.stream = Stream(settings.slots, settings.rank, settings.stash_limit_bytes, self.counters)
         self.outstanding: dict[int, _Outstanding] = {}
         self.timers: list[tuple[float, int, int]] = []  # (deadline, stream index, sends)
-        self.stats_reply: dict[str, int] | None = None
+        self.stats_reply: tuple[int, dict[str, int]] | None = None  # (request number, counters)
         self.stats_event = threading.Event()
         self._stats_request = 0  # id of the newest counters request (the op field; keep-alives send 0)
         self.waiting_for: list[int] = []
@@ -110,7 +110,10 @@ class Engine:
             self.inbox.put(("stats", request))
             self._wake()
             if self.stats_event.wait(0.1):
-                return dict(self.stats_reply or {})
+                answered, stats = self.stats_reply or (0, {})
+                if answered == request:  # a late reply to an earlier request may have set the event
+                    return dict(stats)
+                self.stats_event.clear()
         raise InnetError(f"the switch did not answer a counters request within {timeout_s:g} s")
 
     def close(self) -> None:
@@ -271,7 +274,7 @@ class Engine:
             self.waiting_for = [r for r in range(self.cfg.world)
                                 if r not in p.ranks_in_bitmap(p.values_of(data, h.count), self.cfg.world)]
         elif h.type == p.STATS_REPLY and h.op and h.op == self._stats_request:  # not a keep-alive's reply
-            self.stats_reply = p.stats_from_payload(data, h.count)
+            self.stats_reply = (h.op, p.stats_from_payload(data, h.count))
             self.stats_event.set()
 
     def _on_result(self, h: p.Header, data: bytes) -> None:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from stepscope.errors import UsageError
+from stepscope.results.store import refuse_file_as_folder
 
 
 def with_suffix_tag(path: str | os.PathLike, tag: str) -> Path:
@@ -49,7 +50,7 @@ def check_writable_file(path: str | os.PathLike, what: str) -> Path:
 def check_writable_dir(path: str | os.PathLike, what: str) -> Path:
     """Create the folder and prove a file can be created in it (UsageError if not)."""
     path = Path(path)
-    _refuse_file_as_folder(path, what)
+    refuse_file_as_folder(path, what, f"give a folder: {what} are written into one")
     probe = path / f".stepscope-probe-{os.getpid()}"
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -58,13 +59,3 @@ def check_writable_dir(path: str | os.PathLike, what: str) -> Path:
     except OSError as error:
         raise UsageError(f"cannot write {what} to {path}: {error.strerror or error}") from None
     return path
-
-
-def _refuse_file_as_folder(folder: Path, what: str) -> None:
-    """A folder that is (or lies under) an existing file: say so, as the record store does (mkdir would
-    only say `File exists` or `Not a directory`)."""
-    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        where = "it" if existing == folder else str(existing)
-        raise UsageError(f"cannot write {what} to {folder}: {where} is a file, not a folder "
-                         f"(give a folder: {what} are written into one)")

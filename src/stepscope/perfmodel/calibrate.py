@@ -86,13 +86,18 @@ def _terms(point: StepPoint) -> dict[str, Terms]:
     return out
 
 
+def check_max_efficiency(value: float) -> None:
+    """Raise a UsageError unless 0 < value <= MAX_EFFICIENCY_LIMIT."""
+    if not 0 < value <= MAX_EFFICIENCY_LIMIT:
+        raise UsageError(f"--max-efficiency must be in (0, {MAX_EFFICIENCY_LIMIT:g}], got {value:g}: "
+                         f"it is a fraction of the measured large-GEMM rate")
+
+
 def calibrate(records: RecordSet, base: SystemSpec, *, knots: Sequence[float] = DEFAULT_KNOTS_GFLOP,
               max_efficiency: float = MAX_EFFICIENCY, prior_weight: float = PRIOR_WEIGHT,
               name: str = "calibrated") -> Calibration:
     """Fit `base`'s accelerator (and network, from comm records) to the measured records."""
-    if not 0 < max_efficiency <= MAX_EFFICIENCY_LIMIT:
-        raise UsageError(f"--max-efficiency must be in (0, {MAX_EFFICIENCY_LIMIT:g}], got {max_efficiency:g}: "
-                         f"it is a fraction of the measured large-GEMM rate")
+    check_max_efficiency(max_efficiency)
     notes: list[str] = []
     points = _one_host(records.steps, notes)
     if not points:

@@ -83,14 +83,18 @@ class RecordStore:
 
 
 def check_results_folder(out_dir: str | os.PathLike) -> Path:
-    """Refuse an output folder that is (or lies under) an existing file, saying so (mkdir would only say
-    `File exists` or `Not a directory`). Creates nothing."""
-    folder = Path(out_dir)
+    """Refuse an --out folder that is (or lies under) an existing file. Creates nothing."""
+    return refuse_file_as_folder(out_dir, "results", "--out names a folder for the .jsonl records")
+
+
+def refuse_file_as_folder(folder: str | os.PathLike, what: str, hint: str) -> Path:
+    """Refuse a folder that is (or lies under) an existing file, saying so (mkdir would only say `File
+    exists` or `Not a directory`): `cannot write <what> to <folder>: ... is a file, not a folder (<hint>)`."""
+    folder = Path(folder)
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         where = "it" if existing == folder else str(existing)
-        raise UsageError(f"cannot write results to {folder}: {where} is a file, not a folder "
-                         "(--out names a folder for the .jsonl records)")
+        raise UsageError(f"cannot write {what} to {folder}: {where} is a file, not a folder ({hint})")
     return folder
 
 
