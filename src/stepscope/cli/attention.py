@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from stepscope.cli.options import add_output_options, choice, non_negative_int, parse_list, positive_int
+from stepscope.cli.options import (add_output_options, choice, non_negative_float, non_negative_int, parse_list,
+                                   positive_int)
 from stepscope.errors import UsageError
 
 _MAIN_COLUMNS = ("impl", "status")
@@ -77,7 +78,7 @@ def bench_config(args: argparse.Namespace):
                                         ("iters", "--iters", args.iters, positive_int),
                                         ("threads", "--threads", args.threads, positive_int),
                                         ("check_rows", "--check-rows", args.check_rows, positive_int),
-                                        ("startup_s", "--startup", args.startup, _non_negative_float)):
+                                        ("startup_s", "--startup", args.startup, non_negative_float)):
         if text is not None:
             values = parse_list(text, convert, option)
             if len(values) != 1:
@@ -86,11 +87,6 @@ def bench_config(args: argparse.Namespace):
     return AttentionBenchConfig(device=args.device, seed=args.seed, **fields)
 
 
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise ValueError(text)
-    return value
 
 
 def plot_path(args: argparse.Namespace, grid: str | None) -> Path:

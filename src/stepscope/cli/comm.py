@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stepscope.cli.options import choice, non_negative_int, parse_list, positive_int
+from stepscope.cli.options import choice, non_negative_int, parse_list, positive_float, positive_int
 from stepscope.dist.launch_env import MAX_RANKS_PER_CORE
 from stepscope.errors import UsageError
 from stepscope.results.store import DEFAULT_OUT
@@ -62,11 +62,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError(text)
-    return value
 
 
 def build_config(args: argparse.Namespace) -> tuple[Any, list[str]]:
@@ -90,7 +85,7 @@ def build_config(args: argparse.Namespace) -> tuple[Any, list[str]]:
         warmup=parse_list(args.warmup, non_negative_int, "--warmup")[0],
         root=parse_list(args.root, non_negative_int, "--root")[0],
         threads=None if args.threads is None else parse_list(args.threads, positive_int, "--threads")[0],
-        timeout_s=parse_list(args.timeout, _positive_float, "--timeout")[0], tally=args.tally)
+        timeout_s=parse_list(args.timeout, positive_float, "--timeout")[0], tally=args.tally)
     for option, text in (("--iters", args.iters), ("--warmup", args.warmup), ("--root", args.root),
                          ("--threads", args.threads), ("--timeout", args.timeout)):
         if text is not None and "," in str(text):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.cli.options import (add_model_options, add_output_options, choice, model_specs, non_negative_int,
-                                   parse_list, positive_int)
+                                   parse_list, positive_float, positive_int)
 from stepscope.dist.launch_env import MAX_RANKS_PER_CORE, OVERSUBSCRIBE_ENV
 from stepscope.errors import UsageError
 from stepscope.spec import PRECISIONS
@@ -69,11 +69,6 @@ def _cap(text: str) -> float | None:
     return value
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError(text)
-    return value
 
 
 def _single(text: str, convert: Any, option: str) -> Any:
@@ -109,7 +104,7 @@ def build_configs(args: argparse.Namespace) -> list[Any]:
         comm_iters=_single(args.comm_iters, positive_int, "--comm-iters"),
         backend=_single(args.backend, choice("auto", "gloo", "nccl"), "--backend"),
         seed=_single(args.seed, non_negative_int, "--seed"),
-        timeout_s=_single(args.timeout, _positive_float, "--timeout"))
+        timeout_s=_single(args.timeout, positive_float, "--timeout"))
     configs = [DDPBenchConfig(model=spec, batch=batch, seq=seq, threads=thread, **common)
                for spec, batch, seq, thread in itertools.product(specs, batches, seqs, threads)]
     for config in configs:

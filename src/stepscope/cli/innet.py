@@ -11,10 +11,9 @@ import sys
 from typing import Any
 
 from stepscope.cli.options import (add_model_options, add_output_options, choice, non_negative_int, parse_list,
-                                   positive_int)
+                                   positive_float, positive_int)
 from stepscope.errors import UsageError
-from stepscope.innet.options import (add_job_options, convert, fraction, job_config, optional_k,
-                                     positive_float, size_bytes)
+from stepscope.innet.options import add_job_options, convert, fraction, job_config, optional_k, size_bytes
 
 BENCH_COLUMNS = ["size_bytes", "mode", "innet_latency_ms_median", "innet_algbw_Gbps", "gloo_latency_ms_median",
                  "gloo_algbw_Gbps", "innet_vs_gloo_speedup", "ok", "to", "kr", "re", "dup", "old", "bad",

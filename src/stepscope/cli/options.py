@@ -48,6 +48,20 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # also refuses nan
+        raise ValueError(text)
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise ValueError(text)
+    return value
+
+
 def choice(*allowed: str) -> Callable[[str], str]:
     def convert(text: str) -> str:
         if text not in allowed:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from stepscope.cli.options import non_negative_int, positive_int
+from stepscope.cli.options import non_negative_int, positive_float, positive_int
 from stepscope.errors import UsageError
 
 
@@ -23,20 +23,6 @@ def probability(text: str) -> float:
     """A probability in [0, 1]."""
     value = float(text)
     if not 0 <= value <= 1:
-        raise ValueError(text)
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError(text)
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
         raise ValueError(text)
     return value
 

@@ -75,7 +75,7 @@ class ProfileConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["job"] = {k: v for k, v in out["job"].items() if k not in ("rank", "job_id", "switch")}
+        out["job"] = self.job.shared_settings()
         return out
 
     def cells(self) -> list[tuple[float, float, str]]:

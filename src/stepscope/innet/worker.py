@@ -19,7 +19,7 @@ import select
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -118,6 +118,10 @@ class JobConfig:
 
     def join_params(self) -> p.JoinParams:
         return p.JoinParams(self.k, self.slots, self.resolved_sto_ticks, self.history)
+
+    def shared_settings(self) -> dict[str, Any]:
+        """The settings every rank of a run shares, for records (not its rank, job id or switch address)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("rank", "job_id", "switch")}
 
 
 def new_job_id() -> int:
