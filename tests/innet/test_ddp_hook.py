@@ -1,7 +1,7 @@
 """The DDP hook trains like gloo DDP: real spawned ranks, a real switch process, torch DDP and DDPBucketed."""
 
 
-from stepscope.dist.launcher import LaunchConfig, launch
+from stepscope.distributed.launch.launcher import LaunchConfig, launch
 from stepscope.innet.switch_process import SwitchProcess
 
 STEPS = 3
@@ -26,7 +26,7 @@ def ddp_rank(ctx, switch_address, job_ids):
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from stepscope.dist.ddp import DDPBucketed
+    from stepscope.distributed.data_parallel import DDPBucketed
     from stepscope.innet.ddp_hook import InnetHookState, innet_hook
     from stepscope.innet.worker import InnetJob, JobConfig
     from stepscope.nn import TransformerLM

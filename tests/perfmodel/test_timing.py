@@ -113,7 +113,7 @@ def test_mfu_below_peak_and_hfu_counts_recompute():
 
 def test_gradient_tensors_feed_the_ddp_bucket_planner():
     """GPT-2 small under DDP defaults: 12 buckets of 7,087,872 floats and a last one of 39,385,344."""
-    from stepscope.dist.buckets import bucket_numels, plan_buckets
+    from stepscope.spec.buckets import bucket_numels, plan_buckets
     from stepscope.perfmodel.evaluate import gradient_tensors
 
     spec = get_preset("gpt2")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.cli.options import choice, non_negative_int, parse_list, positive_float, positive_int
-from stepscope.dist.launch_env import MAX_RANKS_PER_CORE
+from stepscope.distributed.launch.ranks import MAX_RANKS_PER_CORE
 from stepscope.errors import UsageError
 from stepscope.results.store import DEFAULT_OUT
 from stepscope.results.views import FORMATS
@@ -67,10 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def build_config(args: argparse.Namespace) -> tuple[Any, list[str]]:
     """The validated CommConfig of the command line (UsageError on any bad value), and notes to print
     (what `--backend auto` chose)."""
-    from stepscope.dist.collectives import DTYPES, OPS
-    from stepscope.dist.comm_bench import CommConfig, resolve_auto
-    from stepscope.dist.comm_plan import MODES, PLACES
-    from stepscope.dist.sizes import parse_sizes
+    from stepscope.distributed.collectives.ops import DTYPES, OPS
+    from stepscope.distributed.collectives.benchmark import CommConfig, resolve_auto
+    from stepscope.distributed.collectives.points import MODES, PLACES
+    from stepscope.distributed.collectives.sizes import parse_sizes
 
     ops = list(OPS) if args.op == ALL else parse_list(args.op or "all_reduce", choice(*OPS), "--op")
     worlds = tuple(parse_list(args.world or "2", positive_int, "--world"))
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     store = RecordStore(args.out, "comm").check_writable()
     plot_path = None if args.no_plot else Path(args.plot or Path(args.out) / "comm.png")
 
-    from stepscope.dist.comm_bench import plan_jobs, run_comm
+    from stepscope.distributed.collectives.benchmark import plan_jobs, run_comm
 
     reporting = _is_reporting_rank()
     printer = Printer("table" if args.format == "nccl-tests" else args.format)
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     sweep = collected
     if args.resume:  # fit and plot the whole sweep: the points of earlier runs of it and this run's
-        from stepscope.dist.comm_bench import sweep_records
+        from stepscope.distributed.collectives.benchmark import sweep_records
 
         sweep = sweep_records(config, store)
         earlier = len(sweep) - len({r["key"] for r in collected} & {r["key"] for r in sweep})
@@ -149,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_import(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.dist.collectives import OPS
-    from stepscope.dist.nccl_tests_format import import_records
+    from stepscope.distributed.collectives.ops import OPS
+    from stepscope.distributed.collectives.nccl_tests_format import import_records
     from stepscope.results.store import RecordStore
 
     op_hint = None if args.op is None else parse_list(args.op, choice(*OPS), "--op")
@@ -176,8 +176,8 @@ def _run_import(args: argparse.Namespace) -> int:
 
 
 def _print_records(fmt: str, printer: Any, side: Any, records: list[dict[str, Any]], *, units: bool = True) -> None:
-    from stepscope.dist.comm_report import flat_rows, status_notes, table_blocks, units_note
-    from stepscope.dist.nccl_tests_format import write_nccl_tests
+    from stepscope.distributed.collectives.report import flat_rows, status_notes, table_blocks, units_note
+    from stepscope.distributed.collectives.nccl_tests_format import write_nccl_tests
 
     if fmt == "nccl-tests":
         sys.stdout.write(write_nccl_tests(records))
@@ -194,8 +194,8 @@ def _print_records(fmt: str, printer: Any, side: Any, records: list[dict[str, An
 
 
 def _print_tally(printer: Any, record: dict[str, Any], tally: dict[str, Any]) -> None:
-    from stepscope.dist.sizes import format_bytes
-    from stepscope.dist.tally import tally_tables
+    from stepscope.distributed.collectives.sizes import format_bytes
+    from stepscope.distributed.collectives.tally import tally_tables
 
     c = record["config"]
     place = "" if c.get("in_place") is None else (" in-place" if c["in_place"] else " out-of-place")
@@ -216,8 +216,8 @@ def _finish(args: argparse.Namespace, printer: Any, side: Any, store: Any, recor
     `records`; with --resume, only this run's points) returned wrong results."""
     fits: list[dict[str, Any]] = []
     if args.fit:
-        from stepscope.dist.alpha_beta import fit_records
-        from stepscope.dist.comm_report import fit_rows
+        from stepscope.distributed.collectives.alpha_beta import fit_records
+        from stepscope.distributed.collectives.report import fit_rows
 
         fits, notes = fit_records(records)
         stored = {r["key"]: r.get("metrics") for r in store.records() if r.get("config", {}).get("record") == "fit"}
@@ -230,7 +230,7 @@ def _finish(args: argparse.Namespace, printer: Any, side: Any, store: Any, recor
         for note in notes:
             side.note(f"note: {note}")
     if plot_path is not None:
-        from stepscope.dist.comm_plot import plot_comm
+        from stepscope.distributed.collectives.plot import plot_comm
 
         written = plot_comm(records + fits, plot_path, title="stepscope comm")
         side.note(f"plot: {written}" if written else "plot: nothing to plot (no measured sizes)")
@@ -244,7 +244,7 @@ def _finish(args: argparse.Namespace, printer: Any, side: Any, store: Any, recor
 
 def _is_reporting_rank() -> bool:
     """Under torchrun/Slurm every rank runs this command; only rank 0 prints."""
-    from stepscope.dist.launcher import external_launch_env
+    from stepscope.distributed.launch.launcher import external_launch_env
 
     external = external_launch_env()
     return external is None or external["rank"] == 0

@@ -1,6 +1,6 @@
 """`stepscope ddp`: data-parallel variants side by side (ours and PyTorch's DDP), bucket-size sweep, memory
 with and without optimizer-state sharding, analytic b*. Parsing and printing only: the work is
-`stepscope.dist.ddp_bench.run_ddp_benchmark`, once per (model, batch, seq, threads) point."""
+`stepscope.distributed.data_parallel.benchmark.run_ddp_benchmark`, once per (model, batch, seq, threads) point."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from stepscope.cli.options import (add_model_options, add_output_options, choice, model_specs, non_negative_int,
                                    parse_list, positive_float, positive_int)
-from stepscope.dist.launch_env import MAX_RANKS_PER_CORE, OVERSUBSCRIBE_ENV
+from stepscope.distributed.launch.ranks import MAX_RANKS_PER_CORE, OVERSUBSCRIBE_ENV
 from stepscope.errors import UsageError
 from stepscope.spec import PRECISIONS
 
@@ -80,9 +80,9 @@ def _single(text: str, convert: Any, option: str) -> Any:
 
 def build_configs(args: argparse.Namespace) -> list[Any]:
     """Every benchmark point of the command line, validated (UsageError on any bad value)."""
-    from stepscope.dist.ddp_bench import DDPBenchConfig
-    from stepscope.dist.launch_env import check_local_world
-    from stepscope.dist.launcher import external_launch_env
+    from stepscope.distributed.data_parallel.benchmark import DDPBenchConfig
+    from stepscope.distributed.launch.ranks import check_local_world
+    from stepscope.distributed.launch.launcher import external_launch_env
 
     specs = model_specs(args)
     world = _single(args.world, positive_int, "--world")
@@ -116,7 +116,7 @@ def _check_environment(config: Any) -> None:
     """Backend and precision must work here before any rank is spawned."""
     import torch
 
-    from stepscope.dist.launcher import external_launch_env, resolve_backend
+    from stepscope.distributed.launch.launcher import external_launch_env, resolve_backend
     from stepscope.measure.device import check_precision
 
     external = external_launch_env()
@@ -156,7 +156,7 @@ def _oversubscribed(enabled: bool) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.dist.launcher import external_launch_env
+    from stepscope.distributed.launch.launcher import external_launch_env
     from stepscope.results.store import RecordStore, make_record
 
     configs = build_configs(args)
@@ -168,8 +168,8 @@ def run(args: argparse.Namespace) -> int:
     printer = Printer(args.format)
     done = store.done_keys() if args.resume else set()
 
-    from stepscope.dist.ddp_bench import run_ddp_benchmark
-    from stepscope.dist.ddp_plot import plot_bucket_sweep
+    from stepscope.distributed.data_parallel.benchmark import run_ddp_benchmark
+    from stepscope.distributed.data_parallel.plot import plot_bucket_sweep
     from stepscope.measure.environment import torch_environment
 
     results, skipped = [], 0
@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _show(printer: Any, fmt: str, config: Any, result: Any) -> None:
-    from stepscope.dist.ddp_bench import model_label
+    from stepscope.distributed.data_parallel.benchmark import model_label
 
     title = (f"{model_label(config.model)} global batch {config.batch} seq {config.seq} {config.precision}, "
              f"{result.world_size} ranks x {result.threads} thread(s), {result.backend} on {result.device}"

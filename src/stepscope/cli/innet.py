@@ -41,7 +41,7 @@ def _missing_subcommand(parser: argparse.ArgumentParser) -> int:
 def check_switch(args: argparse.Namespace) -> None:
     """A named switch must answer before any work starts (a wrong address is bad input). Under
     torchrun/Slurm every rank runs the command: they must share one switch instead of starting their own."""
-    from stepscope.dist.launcher import external_launch_env
+    from stepscope.distributed.launch.launcher import external_launch_env
 
     if not args.switch and external_launch_env() is not None:
         raise UsageError("under torchrun or Slurm, start `stepscope innet switch` once and pass --switch HOST:PORT")
@@ -53,7 +53,7 @@ def check_switch(args: argparse.Namespace) -> None:
 
 def _world(args: argparse.Namespace) -> int:
     """--world, or the world size torchrun/Slurm started (records must name the real one)."""
-    from stepscope.dist.launcher import external_launch_env
+    from stepscope.distributed.launch.launcher import external_launch_env
 
     world = convert(args.world, positive_int, "--world")
     external = external_launch_env()

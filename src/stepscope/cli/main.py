@@ -12,7 +12,7 @@ import signal
 import sys
 from typing import NoReturn, Sequence
 
-from stepscope.dist.launcher import DistributedError
+from stepscope.errors import DistributedError
 from stepscope.errors import UsageError
 
 # Every module of this package that defines `register(subparsers)` is a command group; the help lists

@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--bucket-MiB", default="25", help="gradient bucket size for the overlap rule (default 25)")
     group.add_argument("--buckets", default="size",
                        help="gradient bucket layout: size (size-based estimate), or torch|strict (the DDP bucket "
-                            "planner's layout of this model's gradients, stepscope.dist.buckets)")
+                            "planner's layout of this model's gradients, stepscope.spec.buckets)")
     parser.add_argument("--per-layer", action="store_true", help="also print the per-op table of one layer")
     add_output_options(parser, resume=False)
     parser.set_defaults(func=run)
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     for spec, plan, workload in jobs:
         layout = None
         if bucket_rule != "size":  # the planner is pure Python; the model only receives bucket sizes
-            from stepscope.dist.buckets import bucket_numels, plan_buckets
+            from stepscope.spec.buckets import bucket_numels, plan_buckets
             from stepscope.perfmodel.evaluate import gradient_tensors
 
             layout = bucket_numels(plan_buckets(gradient_tensors(spec, workload, plan), cap_mb=bucket,

@@ -211,7 +211,7 @@ def run_bench(config: BenchConfig, store_dir: str | None = None,
     """Run the benchmark on `config.world` launched ranks against a switch process started for the run
     (or, with `spawn_switch=False`, the running switch at `config.job.switch`); rank 0's rows (None on the
     other ranks under torchrun/Slurm)."""
-    from stepscope.dist.launcher import LaunchConfig, launch
+    from stepscope.distributed.launch.launcher import LaunchConfig, launch
     from stepscope.innet.switch_process import switch_for
 
     config.validate()

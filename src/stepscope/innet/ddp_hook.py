@@ -4,7 +4,7 @@ PyTorch's contract, `hook(state, bucket) -> Future[Tensor]` with the AVERAGED fl
 function registers on `torch.nn.parallel.DistributedDataParallel` and on stepscope's `DDPBucketed`:
 
     state = InnetHookState(job)                  # a joined InnetJob of this rank
-    ddp.register_comm_hook(state, innet_hook)    # torch DDP or stepscope.dist.ddp.DDPBucketed
+    ddp.register_comm_hook(state, innet_hook)    # torch DDP or stepscope.distributed.data_parallel.DDPBucketed
 
 The bucket is reduced in place (`buffer()` is the future's value). Averages divide by the number of
 ranks that contributed to each block, so with fastest-K (`state.k`) a straggler's missing gradient is

@@ -29,7 +29,7 @@ def probability(text: str) -> float:
 
 def size_bytes(text: str) -> int:
     """'4096', '64K', '1M', '1.5MiB' -> bytes (K, M, G are powers of 1024, as in `stepscope comm --sizes`)."""
-    from stepscope.dist.sizes import parse_size
+    from stepscope.distributed.collectives.sizes import parse_size
 
     value = parse_size(text)
     if value <= 0:

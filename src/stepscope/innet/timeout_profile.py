@@ -148,7 +148,7 @@ def profile_rank(ctx: Any, config: ProfileConfig, store_dir: str | None) -> list
 def run_profile(config: ProfileConfig, store_dir: str | None = None, spawn_switch: bool = True) -> list[dict] | None:
     """Run the sweep on `config.world` launched ranks against a switch process started for the run (or the
     running switch at `config.job.switch`); rank 0's rows (None on the other ranks under torchrun/Slurm)."""
-    from stepscope.dist.launcher import LaunchConfig, launch
+    from stepscope.distributed.launch.launcher import LaunchConfig, launch
     from stepscope.innet.switch_process import switch_for
 
     config.validate()

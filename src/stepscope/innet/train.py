@@ -150,10 +150,10 @@ def train_rank(ctx: Any, config: TrainConfig) -> dict[str, Any]:
 
 def _wrap(model: Any, config: TrainConfig) -> Any:
     if config.ddp == "bucketed":
-        from stepscope.dist.ddp import DDPBucketed
+        from stepscope.distributed.data_parallel import DDPBucketed
 
         return DDPBucketed(model, bucket_size_mb=config.bucket_mb, rule="torch")
-    from stepscope.dist.ddp.torch_ddp import torch_ddp
+    from stepscope.distributed.data_parallel.torch_ddp import torch_ddp
 
     return torch_ddp(model, config.bucket_mb)  # no buffer sync in forward: fast ranks never wait for the straggler
 
@@ -190,7 +190,7 @@ def summarize(config: TrainConfig, results: list[dict[str, Any]]) -> list[dict[s
 def run_train(config: TrainConfig, spawn_switch: bool = True, store_dir: str | None = None) -> dict[str, Any] | None:
     """Start a switch process (unless `config.job.switch` is used), launch the ranks, summarize (None on
     the ranks other than 0 under torchrun/Slurm)."""
-    from stepscope.dist.launcher import LaunchConfig, launch
+    from stepscope.distributed.launch.launcher import LaunchConfig, launch
     from stepscope.innet.switch_process import switch_for
 
     config.validate()

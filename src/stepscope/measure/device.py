@@ -68,7 +68,7 @@ def device_name(device: torch.device) -> str:
     """The GPU's name, or the CPU model."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    from stepscope.results.environment import cpu_model
+    from stepscope.host import cpu_model
 
     return cpu_model()
 

@@ -248,7 +248,7 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
 def gradient_tensors(spec: ModelSpec, workload: Workload, plan: ParallelPlan) -> list[tuple[str, int, str]]:
     """(name, elements, dtype) of the gradients one GPU's data-parallel reduction carries, in parameter
     registration order, for the pipeline stage holding the most parameters: the input the DDP bucket
-    planner (`stepscope.dist.buckets.plan_buckets`) takes. One entry per op (its weight and bias)."""
+    planner (`stepscope.spec.buckets.plan_buckets`) takes. One entry per op (its weight and bias)."""
     g = Geometry(plan.micro_batch, workload.seq, bytes_per_element(workload.precision), plan.tp, plan.cp,
                  plan.sequence_parallel, plan.flash_attention, plan.dropout)
     dtype = "fp32" if plan.fp32_grads or workload.precision == "fp32" else workload.precision
