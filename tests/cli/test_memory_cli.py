@@ -29,7 +29,7 @@ def test_sweep_over_seq_and_precision_writes_tables_plots_and_records(cli, tmp_p
 
 
 def test_oom_becomes_a_row_and_resume_skips_done_points(cli, tmp_path, monkeypatch):
-    import stepscope.measure.memory as memory
+    import stepscope.measure.memory.benchmark as memory
 
     real = memory.measure_memory
 

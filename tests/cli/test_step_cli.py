@@ -78,7 +78,7 @@ def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
 
 def test_unsupported_precision_and_unwritable_out(cli, tmp_path, monkeypatch):
     import stepscope.measure.device as device
-    import stepscope.measure.step  # noqa: F401 - imported now, so that its modules bind the real autocast
+    import stepscope.measure.step.benchmark  # noqa: F401 - imported now, so that its modules bind the real autocast
 
     def broken_autocast(*args, **kwargs):
         raise RuntimeError("fp16 is not available here")
@@ -103,7 +103,7 @@ def test_a_backend_that_cannot_run_here_is_refused_before_any_work(cli, tmp_path
 
 
 def test_oom_becomes_a_row_and_the_sweep_goes_on(cli, tmp_path, monkeypatch):
-    import stepscope.measure.step as step
+    import stepscope.measure.step.benchmark as step
 
     real = step.benchmark_step
 
@@ -163,8 +163,8 @@ def test_ab_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
 
 def test_ab_verdict_names_the_faster_setup():
     from stepscope.measure.stats import Stats
-    from stepscope.measure.step import StepConfig
-    from stepscope.measure.step_ab import StepABResult
+    from stepscope.measure.step.benchmark import StepConfig
+    from stepscope.measure.step.ab import StepABResult
     from stepscope.measure.timer import ABResult
     from stepscope.spec import get_preset
 

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from stepscope.measure.profile import ProfileConfig, profile_step
-from stepscope.measure.profile_events import PHASE_GROUPS
-from stepscope.measure.step import StepConfig
+from stepscope.measure.profile.benchmark import ProfileConfig, profile_step
+from stepscope.measure.profile.events import PHASE_GROUPS
+from stepscope.measure.step.benchmark import StepConfig
 from stepscope.spec import Workload, get_preset
 
 BATCH, SEQ = 2, 32

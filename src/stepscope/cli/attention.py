@@ -19,7 +19,7 @@ _MAIN_COLUMNS = ("impl", "status")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from stepscope.measure.attention_presets import PRESETS
+    from stepscope.measure.attention.presets import PRESETS
 
     grids = "; ".join(f"{name}: {preset.description}" for name, preset in PRESETS.items())
     parser = subparsers.add_parser(
@@ -56,10 +56,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def bench_config(args: argparse.Namespace):
     """The AttentionBenchConfig from the preset (if any) and the options given, validated types."""
-    from stepscope.measure.attention_bench import AttentionBenchConfig
-    from stepscope.measure.attention_check import TOLERANCE
-    from stepscope.measure.attention_impls import IMPLS
-    from stepscope.measure.attention_presets import preset_fields
+    from stepscope.measure.attention.benchmark import AttentionBenchConfig
+    from stepscope.measure.attention.check import TOLERANCE
+    from stepscope.measure.attention.impls import IMPLS
+    from stepscope.measure.attention.presets import preset_fields
     from stepscope.measure.device import resolve_device
     from stepscope.kernels.reference import PASSES
 
@@ -130,7 +130,7 @@ def point_rows(records: list[dict], passes: tuple[str, ...], fmt: str) -> list[d
 
 def run_command(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.measure.attention_bench import run_attention_sweep
+    from stepscope.measure.attention.benchmark import run_attention_sweep
     from stepscope.results.store import RecordStore, point_key
 
     config = bench_config(args)
@@ -153,7 +153,7 @@ def run_command(args: argparse.Namespace) -> int:
         printer.note(f"skipped {outcome.skipped} record(s) already in {store.path} (--resume)")
     printer.note(f"records: {store.path}")
     if plot is not None:
-        from stepscope.measure.attention_plot import plot_attention
+        from stepscope.measure.attention.plot import plot_attention
 
         # every record of this sweep's points, also those a --resume skipped
         keys = {point_key("attention", config.record_config(point, impl))

@@ -43,11 +43,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
     from stepscope.errors import UsageError
-    from stepscope.measure import memory
+    from stepscope.measure.memory import benchmark as memory
     from stepscope.measure.device import resolve_device
     from stepscope.measure.outputs import check_writable_dir, check_writable_file, point_path, rank_path
-    from stepscope.measure.step import StepConfig
-    from stepscope.measure.tables import TableEmitter, check_tables_writable, effective_threads
+    from stepscope.measure.step.benchmark import StepConfig
+    from stepscope.results.tables import TableEmitter, check_tables_writable, effective_threads
     from stepscope.results.store import check_results_folder
 
     configs = [memory.MemoryConfig(
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
 def memory_header(config, result) -> str:
     """The lines above a memory point's tables: the point, how memory was measured, the files written."""
-    from stepscope.measure.tables import point_title
+    from stepscope.results.tables import point_title
 
     text = f"== {point_title(config.step)} ({result.device})\nmeasured: {result.method}"
     if result.plot_path is not None:

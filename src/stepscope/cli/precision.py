@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_accumulate(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
     from stepscope.measure.environment import torch_environment
-    from stepscope.measure.precision import accumulate
+    from stepscope.measure.precision.experiments import accumulate
     from stepscope.results.store import RecordStore, make_record
 
     rows = accumulate(args.steps, args.increment)  # microseconds of work; validates the arguments first
@@ -51,7 +51,7 @@ def run_dtypes(args: argparse.Namespace) -> int:
     from stepscope.errors import UsageError
     from stepscope.measure.device import check_precision, resolve_device
     from stepscope.measure.environment import torch_environment
-    from stepscope.measure.precision import model_dtypes
+    from stepscope.measure.precision.experiments import model_dtypes
     from stepscope.results.store import RecordStore, make_record
 
     device = resolve_device(args.device)

@@ -44,10 +44,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.measure import memory, profile
+    from stepscope.measure.memory import benchmark as memory
+    from stepscope.measure.profile import benchmark as profile
     from stepscope.measure.outputs import check_writable_file, point_path, rank_path
-    from stepscope.measure.step import StepConfig
-    from stepscope.measure.tables import TableEmitter, check_tables_writable, point_title
+    from stepscope.measure.step.benchmark import StepConfig
+    from stepscope.results.tables import TableEmitter, check_tables_writable, point_title
 
     configs = [profile.ProfileConfig(
         step=StepConfig(model=spec, workload=workload, attention=attention, device=args.device, compile=args.compile,

@@ -60,8 +60,8 @@ def workload_grid(args: argparse.Namespace) -> list[tuple]:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.measure.step import PHASE_COLUMNS, StepConfig, run_step_sweep
-    from stepscope.measure.tables import effective_threads
+    from stepscope.measure.step.benchmark import PHASE_COLUMNS, StepConfig, run_step_sweep
+    from stepscope.results.tables import effective_threads
     from stepscope.results.store import RecordStore
 
     warmups = parse_list(args.warmup, non_negative_int, "--warmup")
@@ -112,7 +112,7 @@ def run_ab(args: argparse.Namespace, configs: list) -> int:
     from stepscope.errors import UsageError
     from stepscope.measure.device import is_out_of_memory, release_memory, resolve_device
     from stepscope.measure.environment import torch_environment
-    from stepscope.measure.step_ab import benchmark_ab, check_pair, describe
+    from stepscope.measure.step.ab import benchmark_ab, check_pair, describe
     from stepscope.results.store import RecordStore, make_record
 
     a, b = check_pair(configs)

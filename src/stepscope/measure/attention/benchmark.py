@@ -30,10 +30,10 @@ import torch
 
 from stepscope.errors import UsageError
 from stepscope.kernels.reference import PASSES, attention_flops
-from stepscope.measure.attention_check import (OWN_IMPLS, TOLERANCE, AttentionPoint, AttentionProblem,
+from stepscope.measure.attention.check import (OWN_IMPLS, TOLERANCE, AttentionPoint, AttentionProblem,
                                               check_correctness)
-from stepscope.measure.attention_impls import attention_impl, unsupported_reason, usage_problem
-from stepscope.measure.attention_memory import measure_attention_memory
+from stepscope.measure.attention.impls import attention_impl, unsupported_reason, usage_problem
+from stepscope.measure.attention.memory import measure_attention_memory
 from stepscope.measure.device import DTYPES, cpu_threads, is_out_of_memory, release_memory, resolve_device
 from stepscope.measure.environment import torch_environment
 from stepscope.measure.stats import Stats

@@ -22,15 +22,15 @@ import torch
 
 from stepscope.errors import UsageError
 from stepscope.measure.allocations import quiet_native_stderr
-from stepscope.measure.attention_pieces import attention_pieces_table
+from stepscope.measure.profile.attention_pieces import attention_pieces_table
 from stepscope.measure.device import cpu_threads, resolve_device, synchronize
-from stepscope.measure.profile_events import (PHASE_GROUPS, PhaseRange, Work, attribute_work, phase_ranges,
+from stepscope.measure.profile.events import (PHASE_GROUPS, PhaseRange, Work, attribute_work, phase_ranges,
                                               range_name)
-from stepscope.measure.profile_tables import (category_table, group_seconds, groups_of, matmul_share_table,
+from stepscope.measure.profile.tables import (category_table, group_seconds, groups_of, matmul_share_table,
                                               timer_table, top_ops_table)
 from stepscope.measure.stats import Stats
-from stepscope.measure.step import StepConfig, time_phases
-from stepscope.measure.tables import Table
+from stepscope.measure.step.benchmark import StepConfig, time_phases
+from stepscope.results.tables import Table
 from stepscope.measure.training import TrainingStep
 from stepscope.results.store import RecordStore
 from stepscope.results.sweep import Sweep, SweepOutcome
@@ -196,7 +196,7 @@ def run_profile_sweep(configs: list[ProfileConfig], out_dir: str | Path | None, 
     from stepscope.measure.device import is_out_of_memory, release_memory
     from stepscope.measure.environment import torch_environment
     from stepscope.measure.outputs import point_path, rank_path
-    from stepscope.measure.tables import append_tables
+    from stepscope.results.tables import append_tables
 
     device = resolve_device(configs[0].step.device)
     index_of = {id(config): i for i, config in enumerate(configs)}

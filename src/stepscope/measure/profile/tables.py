@@ -16,9 +16,9 @@ from collections import defaultdict
 from typing import Iterable, Sequence
 
 from stepscope.measure.categories import CATEGORIES
-from stepscope.measure.profile_events import GROUP_TITLES, PHASE_GROUPS, PhaseRange, Work
+from stepscope.measure.profile.events import GROUP_TITLES, PHASE_GROUPS, PhaseRange, Work
 from stepscope.measure.stats import Stats
-from stepscope.measure.tables import Table
+from stepscope.results.tables import Table
 
 
 def groups_of(phases: Sequence[str]) -> list[str]:

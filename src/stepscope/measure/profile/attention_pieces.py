@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from stepscope.measure.profile_events import PhaseRange
-from stepscope.measure.tables import Table
+from stepscope.measure.profile.events import PhaseRange
+from stepscope.results.tables import Table
 
 PIECES: tuple[str, ...] = ("score matmul", "softmax", "value matmul")
 SOFTMAX_FLOPS_PER_ELEMENT = 5

@@ -29,9 +29,9 @@ import torch
 from stepscope.errors import UsageError
 from stepscope.measure.allocations import AllocationTrace, track_allocations
 from stepscope.measure.device import cpu_threads, resolve_device, synchronize
-from stepscope.measure.profile import phase_region
-from stepscope.measure.step import StepConfig
-from stepscope.measure.tables import Table
+from stepscope.measure.profile.benchmark import phase_region
+from stepscope.measure.step.benchmark import StepConfig
+from stepscope.results.tables import Table
 from stepscope.measure.training import TrainingStep
 from stepscope.results.store import RecordStore
 from stepscope.results.sweep import Sweep, SweepOutcome
@@ -179,7 +179,7 @@ def measure_memory(config: MemoryConfig, *, plot_path: str | Path | None = None,
     result = MemoryResult(config=config, phases=phases, trace=trace, device=device.type,
                           method=memory_method(device.type), step_start_s=step_start_s)
     if plot_path is not None:
-        from stepscope.measure.memory_plot import plot_timeline
+        from stepscope.measure.memory.plot import plot_timeline
 
         result.plot_path = plot_timeline(trace, plot_path, title=_title(config, device.type),
                                          marker_s=result.step_start_s if step_config.warmup else None)
@@ -260,7 +260,7 @@ def run_memory_sweep(configs: list[MemoryConfig], out_dir: str | Path | None, *,
     from stepscope.measure.device import is_out_of_memory, release_memory
     from stepscope.measure.environment import torch_environment
     from stepscope.measure.outputs import point_path, rank_path
-    from stepscope.measure.tables import append_tables
+    from stepscope.results.tables import append_tables
 
     device = resolve_device(configs[0].step.device)
     index_of = {id(config): i for i, config in enumerate(configs)}

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from stepscope.errors import UsageError
-from stepscope.measure.attention_impls import unsupported_reason
+from stepscope.measure.attention.impls import unsupported_reason
 from stepscope.measure.device import (check_precision, cpu_threads, dtype_of, is_out_of_memory, release_memory,
                                      resolve_device, synchronize)
 from stepscope.measure.environment import torch_environment

@@ -16,7 +16,7 @@ from typing import Any
 from stepscope.errors import UsageError
 from stepscope.measure.device import cpu_threads, resolve_device
 from stepscope.measure.stats import Stats
-from stepscope.measure.step import StepConfig
+from stepscope.measure.step.benchmark import StepConfig
 from stepscope.measure.timer import ABResult, interleaved
 from stepscope.measure.training import TrainingStep
 
