@@ -58,14 +58,14 @@ def bench_config(args: argparse.Namespace):
     """The AttentionBenchConfig from the preset (if any) and the options given, validated types."""
     from stepscope.measure.attention.benchmark import AttentionBenchConfig
     from stepscope.measure.attention.check import TOLERANCE
-    from stepscope.measure.attention.impls import IMPLS
+    from stepscope.nn.attention import attention_backends
     from stepscope.measure.attention.presets import preset_fields
     from stepscope.measure.device import resolve_device
     from stepscope.kernels.reference import PASSES
 
     device = resolve_device(args.device)
     fields = preset_fields(args.grid, device.type) if args.grid else {}
-    lists = {"impls": ("--impl", args.impl, choice(*IMPLS)), "batch": ("--batch", args.batch, positive_int),
+    lists = {"impls": ("--impl", args.impl, choice(*attention_backends())), "batch": ("--batch", args.batch, positive_int),
              "heads": ("--heads", args.heads, positive_int), "seq": ("--seq", args.seq, positive_int),
              "dim": ("--dim", args.dim, positive_int), "dtype": ("--dtype", args.dtype, choice(*TOLERANCE)),
              "passes": ("--pass", args.passes, choice(*PASSES))}

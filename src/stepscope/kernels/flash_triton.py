@@ -218,7 +218,15 @@ class FlashAttentionTriton(torch.autograd.Function):
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), None
 
 
-@register_attention("flash-triton")
+def unsupported(device: torch.device, dtype: torch.dtype | None = None, head_dim: int | None = None) -> str | None:
+    """`unavailable_reason`, and the head dimensions the kernels support (the attention registry asks this)."""
+    reason = unavailable_reason(device, dtype)
+    if reason is None and head_dim is not None and head_dim not in HEAD_DIMS:
+        reason = f"flash-triton supports head_dim {HEAD_DIMS}, got {head_dim}"
+    return reason
+
+
+@register_attention("flash-triton", unsupported=unsupported)
 def flash_triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = True) -> torch.Tensor:
     """Attention backend `flash-triton` for TransformerLM and `stepscope step --attention flash-triton`."""
     return FlashAttentionTriton.apply(q, k, v, is_causal)

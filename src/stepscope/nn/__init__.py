@@ -1,6 +1,8 @@
-"""The measured model: `TransformerLM` and the attention-backend registry."""
+"""The measured model: `TransformerLM` (built from the same `ModelSpec` the performance model reads) and the one
+attention-backend registry. May import: errors, spec; the kernels register their backends here."""
 
-from stepscope.nn.attention import attention_backends, get_attention, register_attention
+from stepscope.nn.attention import attention_backends, get_attention, register_attention, unsupported_reason
 from stepscope.nn.transformer import TransformerLM, lm_loss
 
-__all__ = ["TransformerLM", "lm_loss", "attention_backends", "get_attention", "register_attention"]
+__all__ = ["TransformerLM", "lm_loss", "attention_backends", "get_attention", "register_attention",
+           "unsupported_reason"]

@@ -32,12 +32,12 @@ from stepscope.errors import UsageError
 from stepscope.kernels.reference import PASSES, attention_flops
 from stepscope.measure.attention.check import (OWN_IMPLS, TOLERANCE, AttentionPoint, AttentionProblem,
                                               check_correctness)
-from stepscope.measure.attention.impls import attention_impl, unsupported_reason, usage_problem
 from stepscope.measure.attention.memory import measure_attention_memory
 from stepscope.measure.device import DTYPES, cpu_threads, is_out_of_memory, release_memory, resolve_device
 from stepscope.measure.environment import torch_environment
 from stepscope.measure.stats import Stats
-from stepscope.measure.timer import PhaseClock
+from stepscope.measure.timer import PhaseClock, interleaved_rounds
+from stepscope.nn.attention import AttentionFn, attention_backends, get_attention, unsupported_reason
 from stepscope.results.store import RecordStore, make_record, point_key
 from stepscope.results.sweep import SweepOutcome
 
@@ -51,7 +51,7 @@ class AttentionBenchConfig:
     """A sweep: the cartesian product of the listed sizes, each point run by every implementation."""
 
     impls: tuple[str, ...] = ("naive", "sdpa", "flash-torch")
-    """Implementations to compare (see measure.attention_impls.IMPLS)."""
+    """Implementations to compare (the attention backends of `stepscope.nn.attention`)."""
     batch: tuple[int, ...] = (8,)
     """Batch sizes."""
     heads: tuple[int, ...] = (1,)
@@ -104,7 +104,9 @@ class AttentionBenchConfig:
             if bad:
                 raise UsageError(f"{name} must be positive integers, got {bad[0]!r}")
         for impl in self.impls:
-            problem = usage_problem(impl, device)
+            if impl not in attention_backends():
+                raise UsageError(f"unknown implementation {impl!r}; choose from {', '.join(attention_backends())}")
+            problem = unsupported_reason(impl, device)  # unusable on this machine whatever the point
             if problem:
                 raise UsageError(problem)
         for dtype in self.dtype:
@@ -136,28 +138,33 @@ class ImplResult:
     note: str | None = None
 
 
+def attention_impl(name: str) -> AttentionFn:
+    """A fresh callable of implementation `name`. For `compiled`, dynamo's caches are reset first: one
+    compilation per shape, so a long sweep never reaches dynamo's recompile limit."""
+    if name == "compiled":
+        import torch._dynamo
+
+        torch._dynamo.reset()
+    return get_attention(name)
+
+
 def _time_rounds(problem: AttentionProblem, fns: dict[str, Callable], config: AttentionBenchConfig,
-                 device: torch.device, results: dict[str, ImplResult]) -> dict[str, dict[str, list[float]]]:
-    """Seconds per phase per round for every implementation, the order rotating each round."""
+                 device: torch.device, results: dict[str, ImplResult]) -> dict[str, list[dict[str, float]]]:
+    """Seconds per phase (`fwd`, `bwd`) of every timed round, per implementation, through the interleaved
+    harness; an implementation that raises gets its row and leaves the later rounds."""
     grad_out = problem.grad_out if config.needs_backward else None
-    names = list(fns)
-    samples: dict[str, dict[str, list[float]]] = {name: {"fwd": [], "bwd": []} for name in names}
     clock = PhaseClock(device)
-    for round_ in range(config.warmup + config.iters):
-        shift = round_ % len(names) if names else 0
-        for name in names[shift:] + names[:shift]:
-            if results[name].status != "ok":
-                continue
-            try:
-                clock.start()
-                problem.run(fns[name], grad_out, clock.lap)
-            except Exception as error:  # noqa: BLE001 - a failing implementation becomes a row
-                _fail(error, results[name], device)
-                continue
-            if round_ >= config.warmup:
-                for phase, seconds in clock.laps.items():
-                    samples[name][phase].append(seconds)
-    return samples
+
+    def one_round(name: str, _: int) -> dict[str, float] | None:
+        try:
+            clock.start()
+            problem.run(fns[name], grad_out, clock.lap)
+        except Exception as error:  # noqa: BLE001 - a failing implementation becomes a row
+            _fail(error, results[name], device)
+            return None
+        return dict(clock.laps)
+
+    return interleaved_rounds(list(fns), one_round, warmup=config.warmup, iters=config.iters)
 
 
 def _fail(error: Exception, result: ImplResult, device: torch.device) -> None:
@@ -171,14 +178,15 @@ def _fail(error: Exception, result: ImplResult, device: torch.device) -> None:
     result.metrics = {}
 
 
-def _timing_metrics(point: AttentionPoint, config: AttentionBenchConfig, samples: dict[str, dict[str, list[float]]],
+def _timing_metrics(point: AttentionPoint, config: AttentionBenchConfig, samples: dict[str, list[dict[str, float]]],
                     results: dict[str, ImplResult]) -> None:
     """Time statistics, TFLOP/s and ratios to the baselines, per requested pass, into each ok result."""
     per_pass: dict[str, dict[str, np.ndarray]] = {}
-    for name, phases in samples.items():
+    for name, rounds in samples.items():
         if results[name].status != "ok":
             continue
-        fwd, bwd = np.asarray(phases["fwd"]), np.asarray(phases["bwd"])
+        fwd = np.asarray([laps["fwd"] for laps in rounds])
+        bwd = np.asarray([laps["bwd"] for laps in rounds if "bwd" in laps])
         per_pass[name] = {"fwd": fwd, "bwd": bwd, "fwd-bwd": fwd + bwd if len(bwd) else bwd}
     for name, times in per_pass.items():
         metrics = results[name].metrics

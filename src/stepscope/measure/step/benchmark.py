@@ -17,7 +17,6 @@ from typing import Any, Callable
 import torch
 
 from stepscope.errors import UsageError
-from stepscope.measure.attention.impls import unsupported_reason
 from stepscope.measure.device import (check_precision, cpu_threads, dtype_of, is_out_of_memory, release_memory,
                                      resolve_device, synchronize)
 from stepscope.measure.environment import torch_environment
@@ -26,7 +25,7 @@ from stepscope.measure.peaks import peak_flops
 from stepscope.measure.stats import Stats
 from stepscope.measure.timer import PhaseClock
 from stepscope.measure.training import TrainingStep
-from stepscope.nn import get_attention
+from stepscope.nn.attention import unsupported_reason
 from stepscope.results.store import RecordStore
 from stepscope.results.sweep import Sweep, SweepOutcome
 from stepscope.spec import ModelSpec, Workload
@@ -63,7 +62,6 @@ class StepConfig:
     def validate(self) -> None:
         """Everything that can be checked before building anything (raises UsageError)."""
         self.workload.check_fits(self.model.context_length)
-        get_attention(self.attention)
         device = resolve_device(self.device)
         check_precision(device, self.workload.precision)
         # a backend that cannot run here (flash-triton without GPU or interpreter, bf16 under the
