@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from stepscope.distributed.collectives.backends import find_mpiexec
+from stepscope.distributed.launch.mpi import find_mpiexec
 from stepscope.distributed.collectives.rank import FAIL_RANK_ENV
 from stepscope.distributed.collectives.nccl_tests_format import parse_nccl_tests
 from stepscope.results.store import read_records

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from stepscope.distributed.launch.teardown import stop_processes
 from stepscope.innet.switch import Switch, SwitchConfig
 
 READY_PREFIX = "innet switch listening on "
@@ -156,16 +157,7 @@ class SwitchProcess:
         if self.process is None:
             return self.output
         process, self.process = self.process, None
-        try:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-            process.wait(timeout=self.stop_timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
-        except BaseException:  # a second Ctrl-C while it wrote its records: it must not stay behind
-            process.kill()
-            raise
+        stop_processes([process], self.stop_timeout_s)
         if self._reader is not None:
             self._reader.join(5.0)  # the child is gone: its output ends
         while True:

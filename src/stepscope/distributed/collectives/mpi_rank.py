@@ -1,11 +1,8 @@
-"""The mpi4py op table and the program every rank runs under mpiexec (`python -m stepscope.distributed.collectives.mpi_rank
-PLAN.json`); started by `mpi_bench.run_mpi`, never by hand. No torch here: numpy buffers, so the
-numbers are MPI's own.
-
-Talking to the parent: rank 0 writes one line per event on stdout, `@@stepscope {json}`:
-`ready`, `point` (the record, already appended to the store, plus every rank's raw tally), `done`.
-A rank that raises writes an `error` event and calls MPI_Abort, so the whole job ends at once
-instead of leaving peers blocked in a collective.
+"""The mpi4py op table and the program every rank runs under mpiexec (`python -m
+stepscope.distributed.collectives.mpi_rank PLAN.json`); started by `mpi_job.run_mpi`, never by hand. No torch
+here: numpy buffers, so the numbers are MPI's own. Rank 0 reports a `point` event per point (the record,
+already appended to the store, plus every rank's raw tally); `launch.mpi.rank_main` reports `done` or a
+rank's `error` (and aborts the job).
 
 In-place forms are MPI's: MPI_IN_PLACE for all_reduce, all_gather, reduce_scatter (result in the
 first chunk), all_to_all and reduce (on the root); broadcast exists only in place.
@@ -13,10 +10,8 @@ first chunk), all_to_all and reduce (on the root); broadcast exists only in plac
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import traceback
 from typing import Any
 
 import numpy as np
@@ -25,8 +20,8 @@ from stepscope.distributed.collectives.ops import SENTINEL, checked_on, expected
 from stepscope.distributed.collectives.points import CommPoint
 from stepscope.distributed.collectives.rank import Prepared, chunks, run_points
 from stepscope.distributed.collectives.tally import MpiTally
+from stepscope.distributed.launch.mpi import emit, rank_main
 
-EVENT_PREFIX = "@@stepscope "
 NUMPY_DTYPES = {"fp32": np.float32, "fp16": np.float16, "fp64": np.float64, "int8": np.int8, "uint8": np.uint8,
                 "int32": np.int32, "int64": np.int64}
 
@@ -165,41 +160,18 @@ class MpiCommunicator:
         return env
 
 
-def emit(event: str, **fields: Any) -> None:
-    print(EVENT_PREFIX + json.dumps({"event": event, **fields}, default=str), flush=True)
+def measure(MPI: Any, plan: dict[str, Any]) -> None:
+    """One rank's part of the sweep in `plan` (points, out_dir, tally); rank 0 reports each point."""
+    points = [CommPoint(**p) for p in plan["points"]]
+    comm = MpiCommunicator(MPI)
 
+    def report(record: dict[str, Any], raw_tally: dict[str, Any] | None) -> None:
+        tallies = comm.control.gather(raw_tally, root=0) if plan.get("tally") else None
+        if comm.rank == 0:
+            emit("point", record=record, tallies=tallies)
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    from mpi4py import MPI
-
-    rank = MPI.COMM_WORLD.Get_rank()
-    try:
-        with open(argv[0]) as handle:
-            plan = json.load(handle)
-        points = [CommPoint(**p) for p in plan["points"]]
-        comm = MpiCommunicator(MPI)
-        if rank == 0:
-            emit("ready", world_size=comm.world_size)
-
-        def report(record: dict[str, Any], raw_tally: dict[str, Any] | None) -> None:
-            tallies = comm.control.gather(raw_tally, root=0) if plan.get("tally") else None
-            if rank == 0:
-                emit("point", record=record, tallies=tallies)
-
-        run_points(comm, points, out_dir=plan.get("out_dir"), tally=bool(plan.get("tally")), on_record=report)
-        comm.control.Barrier()
-        if rank == 0:
-            emit("done")
-        return 0
-    except BaseException as error:  # noqa: BLE001 - report, then abort the whole job: never a hang
-        message = traceback.format_exception_only(type(error), error)[-1].strip()
-        details = "".join(traceback.format_exception(type(error), error, error.__traceback__)[-6:])
-        emit("error", rank=rank, message=message, details=details)
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
-        return 1
+    run_points(comm, points, out_dir=plan.get("out_dir"), tally=bool(plan.get("tally")), on_record=report)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(rank_main(measure))

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from stepscope.distributed.launch.ranks import check_local_world, external_launch_env
+from stepscope.distributed.launch.teardown import stop_processes
 from stepscope.errors import DistributedError, RendezvousError, UsageError
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -177,20 +178,6 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _terminate(processes: list[mp.process.BaseProcess], grace_s: float) -> None:
-    processes = [p for p in processes if p.pid is not None]  # a Ctrl-C may come between two rank starts
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    deadline = time.monotonic() + grace_s
-    for process in processes:
-        process.join(max(0.0, deadline - time.monotonic()))
-    for process in processes:
-        if process.is_alive():
-            process.kill()
-            process.join(2.0)
-
-
 def launch(fn: Callable[..., Any], *args: Any, config: LaunchConfig = LaunchConfig()) -> list[Any] | None:
     """Run `fn(ctx, *args)` on every rank; per-rank results in rank order (see module docstring)."""
     external = external_launch_env()
@@ -235,7 +222,7 @@ def launch(fn: Callable[..., Any], *args: Any, config: LaunchConfig = LaunchConf
                 _find_deaths(processes, values, errors, deaths, results)
     finally:
         done = len(values) == config.world_size and not errors and not deaths
-        _terminate(processes, 0.0 if done else config.teardown_s)
+        stop_processes(processes, 0.0 if done else config.teardown_s)
         results.close()
     if deaths:
         rank = min(deaths)
