@@ -320,6 +320,38 @@ def check_sharded_adamw(ctx, failures):
         failures.append("sharded AdamW: zero_grad missed parameters owned by other ranks")
 
 
+def check_gradient_accumulation(ctx, failures):
+    """The one training step with 2 micro-batches under each wrapper (`no_sync` on the first): the averaged
+    gradient of the whole local batch, reduced once per step."""
+    import torch
+    import torch.distributed as dist
+
+    from stepscope.measure.training import TrainingStep
+    from stepscope.spec import Workload
+
+    workload = Workload(batch=2 * LOCAL_BATCH, seq=8, mode="fwd-bwd")
+    for variant in ["naive", "flat", "individual", "bucketed-strict", "bucketed+hook", "torch+hook"]:
+        torch.manual_seed(11)
+        module = tied_model()
+        reference = copy.deepcopy(module)
+        inputs, targets = batch_for("tied", ctx.rank, 2)  # each rank its own 2 x LOCAL_BATCH rows
+        hook_state = {"calls": []}
+        step = TrainingStep(module, inputs, targets, workload, micro_batches=2)
+        step.use(make_wrapper(variant, module, hook_state))
+        step.run()
+        got = torch.cat([p.grad.reshape(-1) for p in module.parameters()])
+        loss_of("tied", reference, inputs, targets).backward()
+        expected = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+        dist.all_reduce(expected)
+        expected /= ctx.world_size
+        if not torch.allclose(got, expected, rtol=RTOL, atol=ATOL):
+            failures.append(f"accumulation/{variant}: 2 micro-batches differ from the whole batch "
+                            f"(max {(got - expected).abs().max().item():.2e})")
+        if "hook" in variant and sum(call[1] for call in hook_state["calls"]) != 1:
+            failures.append(f"accumulation/{variant}: gradients reduced {sum(c[1] for c in hook_state['calls'])} "
+                            "times in one step of 2 micro-batches (no_sync should leave one)")
+
+
 def all_checks(ctx):
     import torch
 
@@ -330,6 +362,7 @@ def all_checks(ctx):
     check_unused_parameters(ctx, failures)
     check_planner_matches_torch_ddp(ctx, failures)
     check_sharded_adamw(ctx, failures)
+    check_gradient_accumulation(ctx, failures)
     return {"failures": failures, "threads": torch.get_num_threads()}
 
 

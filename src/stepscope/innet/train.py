@@ -21,7 +21,7 @@ import numpy as np
 from stepscope.errors import UsageError
 from stepscope.innet.faults import StragglerSpec
 from stepscope.innet.worker import InnetJob, JobConfig, shared_job_id
-from stepscope.spec import ModelSpec
+from stepscope.spec import ModelSpec, Workload
 
 DDP_KINDS = ("torch", "bucketed")
 
@@ -81,15 +81,12 @@ class TrainConfig:
 
 def train_rank(ctx: Any, config: TrainConfig) -> dict[str, Any]:
     """One rank: every scenario's step times, the bucket log lines (rank 0) and a parameter hash."""
-    import torch
     import torch.distributed as dist
 
     from stepscope.innet.ddp_hook import InnetHookState, innet_hook
-    from stepscope.nn import TransformerLM, lm_loss
+    from stepscope.measure.training import transformer_step
 
-    generator = torch.Generator().manual_seed(config.seed * 1000 + ctx.rank)
-    data = torch.randint(0, config.model.vocab_size, (config.batch, config.seq + 1), generator=generator)
-    tokens, targets = data[:, :-1], data[:, 1:]
+    workload = Workload(batch=config.batch, seq=config.seq, precision="fp32", mode="train")
     rng = random.Random(config.seed * 7919 + ctx.rank)
     job_id = shared_job_id()  # drawn on rank 0: under torchrun every rank runs `run_train` itself
     out: dict[str, Any] = {"rank": ctx.rank, "scenarios": [], "log": [], "hash": {}, "buckets": []}
@@ -97,17 +94,17 @@ def train_rank(ctx: Any, config: TrainConfig) -> dict[str, Any]:
         scenarios = [s for s in config.scenarios() if s[0] == backend]
         if not scenarios:
             continue
-        torch.manual_seed(config.seed)
-        model = TransformerLM(config.model)
-        ddp = _wrap(model, config)
+        # the same weights on every rank and for both backends; each rank its own data
+        step = transformer_step(config.model, workload, seed=config.seed, data_seed=config.seed * 1000 + ctx.rank,
+                                optimizer="sgd", lr=config.lr)
+        step.use(_wrap(step.model, config))
         job, state = None, None
         if backend == "innet":
             lines: list[str] = []
             job = InnetJob(replace(config.job, rank=ctx.rank, world=ctx.world_size, job_id=job_id),
                            log=lines.append).join()
             state = InnetHookState(job)
-            ddp.register_comm_hook(state, innet_hook)
-        optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+            step.forward_module.register_comm_hook(state, innet_hook)
         try:
             for _, k, straggle in scenarios:
                 if state is not None:
@@ -116,21 +113,17 @@ def train_rank(ctx: Any, config: TrainConfig) -> dict[str, Any]:
                     state.ops.clear()
                 dist.barrier()
                 times = []
-                for step in range(config.warmup + config.steps):
-                    timed = step >= config.warmup
+                for index in range(config.warmup + config.steps):
+                    timed = index >= config.warmup
                     start = time.perf_counter()
-                    loss = lm_loss(ddp(tokens), targets)
+                    loss = step.forward()
                     if straggle and timed:
-                        delay = config.straggler.delay_for(ctx.rank, step - config.warmup, rng)
-                        time.sleep(delay)  # this rank's backward starts late
-                    loss.backward()
-                    if hasattr(ddp, "finish_gradient_synchronization"):
-                        ddp.finish_gradient_synchronization()
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
+                        time.sleep(config.straggler.delay_for(ctx.rank, index - config.warmup, rng))  # backward late
+                    step.backward()  # and the DDP wrapper's gradient synchronization
+                    step.optimizer_step()
                     if timed:
                         times.append(time.perf_counter() - start)
-                    if state is not None and step == 0 and ctx.rank == 0:
+                    if state is not None and index == 0 and ctx.rank == 0:
                         out["log"].append(list(lines))
                         out["buckets"] = [o["values"] for o in state.ops]
                 summary = {"backend": backend, "k": k, "straggler": straggle, "times": times,
@@ -140,11 +133,11 @@ def train_rank(ctx: Any, config: TrainConfig) -> dict[str, Any]:
                     summary["min_contributors"] = min((o["min_contributors"] for o in state.ops), default=k)
                 out["scenarios"].append(summary)
             dist.barrier()
-            out["hash"][backend] = _parameter_hash(model)
+            out["hash"][backend] = _parameter_hash(step.model)
         finally:
             if job is not None:
                 job.close()
-        del ddp, model, optimizer
+        del step
     return out
 
 

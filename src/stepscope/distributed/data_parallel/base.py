@@ -8,6 +8,8 @@
   `gradient_as_bucket_view=True`: no copy back); it also resets the per-step state.
 - `register_comm_hook(state, hook)`: PyTorch DDP's hook contract (see `hooks.py`); default all-reduce +
   average without one.
+- `no_sync()`: PyTorch DDP's context for gradient accumulation: backward passes inside it only accumulate
+  local gradients; the first synchronized step after it reduces their sum.
 
 Which parameters are communicated: `module.parameters()` with `requires_grad` (a tied parameter appears
 once there although its gradient accumulates from every use, so it is reduced once; frozen parameters are
@@ -22,6 +24,8 @@ variants on one copy of the weights.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -57,13 +61,24 @@ class DataParallel(nn.Module):
         self._hook: CommHook | None = None
         self._hook_state: Any = None
         self._armed = False
+        self._synchronizing = True
         broadcast_module_state(module, process_group)
 
     # ---- the interface ----------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and self._synchronizing:
             self._armed = True
         return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Forward and backward inside only accumulate local gradients: no hook is armed, and the caller does not
+        call `finish_gradient_synchronization()` for them (the training step does so on the last micro-batch)."""
+        previous, self._synchronizing = self._synchronizing, False
+        try:
+            yield
+        finally:
+            self._synchronizing = previous
 
     def finish_gradient_synchronization(self) -> None:
         raise NotImplementedError

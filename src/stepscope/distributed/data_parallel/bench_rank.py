@@ -31,7 +31,8 @@ from stepscope.distributed.data_parallel.memory import MiB, memory_split
 from stepscope.distributed.launch.launcher import RankContext
 from stepscope.distributed.data_parallel.sharded_optimizer import ShardedOptimizer
 from stepscope.measure.device import synchronize
-from stepscope.measure.training import TrainingStep
+from stepscope.measure.timer import interleaved_rounds
+from stepscope.measure.training import TrainingStep, transformer_step
 from stepscope.spec import Workload
 
 COMPUTE = "compute"
@@ -56,11 +57,6 @@ def build_variant(variant: str, cap_mb: float | None, module: nn.Module, rule: s
     if variant == "bucketed":
         return VARIANTS[variant](module, cap_mb, rule=rule)
     return VARIANTS[variant](module)
-
-
-def finish(wrapper: nn.Module) -> None:
-    if isinstance(wrapper, DataParallel):
-        wrapper.finish_gradient_synchronization()  # PyTorch's reducer has already finished inside backward
 
 
 def torch_bucket_bytes(ddp: nn.Module) -> list[int] | None:
@@ -93,7 +89,7 @@ def averaged_plain_gradients(model: nn.Module, world: int) -> torch.Tensor:
 def plain_step_gradients(step: TrainingStep) -> None:
     """Forward and backward on the bare module (no wrapper armed): local gradients only."""
     step.model.zero_grad(set_to_none=True)
-    step.forward_module = step.model
+    step.use(None)
     step.forward()
     step.loss.backward()  # unscaled even for fp16: checks and memory probes compare raw gradients
 
@@ -138,10 +134,11 @@ def check_variants(step: TrainingStep, wrappers: dict[str, nn.Module],
     errors, grads_mib = {}, {}
     for label, wrapper in wrappers.items():
         step.model.zero_grad(set_to_none=True)
-        step.forward_module = wrapper
+        step.use(wrapper)
         step.forward()
-        step.loss.backward()
-        finish(wrapper)
+        step.loss.backward()  # unscaled, as the reference's
+        if isinstance(wrapper, DataParallel):  # PyTorch's reducer has already finished inside backward
+            wrapper.finish_gradient_synchronization()
         got = torch.cat([p.grad.reshape(-1) for p in step.model.parameters() if p.grad is not None])
         errors[label] = ((got - reference).abs().max().item() / scale if got.shape == reference.shape
                          else float("inf"))
@@ -151,11 +148,6 @@ def check_variants(step: TrainingStep, wrappers: dict[str, nn.Module],
             grads_mib[label] = memory_split(step.model, None)["grads"] + comm_buffer_mib(wrapper)
     step.model.zero_grad(set_to_none=True)
     return errors, grads_mib
-
-
-def rotated(labels: list[str], round_index: int) -> list[str]:
-    shift = round_index % len(labels)
-    return labels[shift:] + labels[:shift]
 
 
 def timed(device: torch.device, fn: Callable[[], Any]) -> tuple[float, float]:
@@ -174,31 +166,19 @@ Samples = dict[str, list[tuple[float, float]]]
 
 
 def interleaved_steps(step: TrainingStep, wrappers: dict[str, nn.Module], warmup: int, iters: int) -> Samples:
-    labels = [COMPUTE, *wrappers]
-    samples: Samples = {label: [] for label in labels}
+    """Whole train steps of the bare model (`compute`) and of every variant, through the interleaved harness."""
 
-    def one_step(label: str) -> None:
-        wrapper = step.model if label == COMPUTE else wrappers[label]
-        step.forward_module = wrapper
-        step.forward()
-        step.backward()
-        if label != COMPUTE:
-            finish(wrapper)
-        step.optimizer_step()  # includes zero_grad(set_to_none=True)
+    def one_step(label: str, _: int) -> tuple[float, float]:
+        step.use(None if label == COMPUTE else wrappers[label])
+        return timed(step.device, step.run)  # forward, backward + synchronization, AdamW and zero_grad
 
-    for round_index in range(warmup + iters):
-        for label in rotated(labels, round_index):
-            times = timed(step.device, lambda: one_step(label))
-            if round_index >= warmup:
-                samples[label].append(times)
-    return samples
+    return interleaved_rounds([COMPUTE, *wrappers], one_step, warmup=warmup, iters=iters)
 
 
 def communication_alone(messages: dict[str, list[int]], blocking: dict[str, bool], dtype: torch.dtype,
                         device: torch.device, warmup: int, iters: int) -> Samples:
     """Each variant's all-reduces with nothing else running, interleaved like the steps."""
     scratch = torch.ones(max(sum(sizes) for sizes in messages.values()), dtype=dtype, device=device)
-    samples: Samples = {label: [] for label in messages}
 
     def run(label: str) -> None:
         views, offset = [], 0
@@ -212,12 +192,8 @@ def communication_alone(messages: dict[str, list[int]], blocking: dict[str, bool
             for work in [dist.all_reduce(view, async_op=True) for view in views]:
                 work.wait()
 
-    for round_index in range(warmup + iters):
-        for label in rotated(list(messages), round_index):
-            times = timed(device, lambda: run(label))
-            if round_index >= warmup:
-                samples[label].append(times)
-    return samples
+    return interleaved_rounds(list(messages), lambda label, _: timed(device, lambda: run(label)), warmup=warmup,
+                              iters=iters)
 
 
 def allreduce_sizes(dtype: torch.dtype, device: torch.device, repeats: int) -> dict[int, list[float]]:
@@ -246,7 +222,7 @@ def bench_rank(ctx: RankContext, config: Any) -> dict[str, Any]:
         raise ValueError(f"global batch {config.batch} is not divisible by {ctx.world_size} ranks")
     workload = Workload(batch=config.batch // ctx.world_size, seq=config.seq, precision=config.precision,
                         mode="train")
-    step = TrainingStep(config.model, workload, device=device, seed=config.seed + ctx.rank, lr=config.lr)
+    step = transformer_step(config.model, workload, device=device, seed=config.seed + ctx.rank, lr=config.lr)
     wrappers = {label_of(variant, cap): build_variant(variant, cap, step.model, config.bucket_rule)
                 for variant, cap in config.points()}
     trainable = [p for p in step.model.parameters() if p.requires_grad]

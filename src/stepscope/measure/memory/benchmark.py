@@ -32,7 +32,7 @@ from stepscope.measure.device import cpu_threads, resolve_device, synchronize
 from stepscope.measure.profile.benchmark import phase_region
 from stepscope.measure.step.benchmark import StepConfig
 from stepscope.results.tables import Table
-from stepscope.measure.training import TrainingStep
+from stepscope.measure.training import transformer_step
 from stepscope.results.store import RecordStore
 from stepscope.results.sweep import Sweep, SweepOutcome
 from stepscope.spec import bytes_per_element
@@ -157,7 +157,7 @@ def measure_memory(config: MemoryConfig, *, plot_path: str | Path | None = None,
     laps = _CudaLaps(device) if cuda else None
     with cpu_threads(step_config.threads), _cuda_history(snapshot_path), track_allocations(device) as trace:
         with torch.profiler.record_function(INIT_RANGE):
-            step = TrainingStep(step_config.model, step_config.workload, attention=step_config.attention,
+            step = transformer_step(step_config.model, step_config.workload, attention=step_config.attention,
                                 device=device, compile=step_config.compile, seed=step_config.seed)
         if laps:
             laps("init")

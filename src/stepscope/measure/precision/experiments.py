@@ -2,22 +2,23 @@
 
 - `accumulate`: add 0.01 a thousand times (exact answer 10) in fp32, fp16, bf16 and mixed
   accumulators: shows why accumulators stay in fp32.
-- `autocast_dtypes`: one forward and backward under autocast; for each module the dtype of its
-  parameters, outputs and gradients, and the loss dtype: shows what autocast really runs in low precision
-  (`model_dtypes` runs it on the textbook toy model or on a TransformerLM).
+- `autocast_dtypes`: one forward and backward of the training step under autocast; for each module the
+  dtype of its parameters, outputs and gradients, and the loss dtype: shows what autocast really runs in low
+  precision (`model_dtypes` runs it on the textbook toy model or on a TransformerLM).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from stepscope.errors import UsageError
-from stepscope.measure.device import autocast, dtype_of
-from stepscope.spec import ModelSpec
+from stepscope.measure.device import dtype_of
+from stepscope.measure.training import TrainingStep, transformer_step
+from stepscope.spec import ModelSpec, Workload
 
 
 def accumulate(steps: int = 1000, increment: float = 0.01) -> list[dict[str, Any]]:
@@ -68,10 +69,10 @@ def _dtype_name(value: Any) -> str | None:
     return None
 
 
-def autocast_dtypes(model: nn.Module, inputs: torch.Tensor, loss_fn: Callable[[Any], torch.Tensor],
-                    device: torch.device, precision: str) -> tuple[list[dict[str, Any]], str]:
-    """Per module (in call order): parameter, output and gradient dtypes; plus the loss dtype."""
-    dtype_of(precision)
+def autocast_dtypes(step: TrainingStep) -> tuple[list[dict[str, Any]], str]:
+    """One forward and backward of the training step under its autocast; per module (in call order) the
+    dtypes of its parameters, outputs and gradients, and the loss dtype."""
+    model = step.model
     outputs: dict[str, str | None] = {}
     order: list[str] = []
     names = {module: name or "(model)" for name, module in model.named_modules()}
@@ -84,9 +85,8 @@ def autocast_dtypes(model: nn.Module, inputs: torch.Tensor, loss_fn: Callable[[A
 
     handles = [module.register_forward_hook(hook) for module in model.modules()]
     try:
-        with autocast(device, precision):
-            loss = loss_fn(model(inputs))
-        loss.backward()
+        loss_dtype = _dtype_name(step.forward())
+        step.backward()
     finally:
         for handle in handles:
             handle.remove()
@@ -100,20 +100,22 @@ def autocast_dtypes(model: nn.Module, inputs: torch.Tensor, loss_fn: Callable[[A
                      "param_dtype": _dtype_name(params[0]) if params else "-",
                      "output_dtype": outputs[name] or "-",
                      "grad_dtype": _dtype_name(grads[0]) if grads else "-"})
-    return rows, str(loss.dtype).replace("torch.", "")
+    return rows, loss_dtype or "-"
 
 
 def model_dtypes(spec: ModelSpec | None, device: torch.device, precision: str
                  ) -> tuple[list[dict[str, Any]], str]:
-    """`autocast_dtypes` of the toy model (spec None) or of a `TransformerLM(spec)` on a tiny random batch."""
-    torch.manual_seed(0)
+    """`autocast_dtypes` of the toy model (spec None) on a random (8, 16) input, or of a `TransformerLM(spec)`
+    on a tiny random batch."""
+    dtype_of(precision)
     if spec is None:
-        model = ToyModel().to(device)
-        inputs = torch.randn(8, 16, device=device)
-        return autocast_dtypes(model, inputs, lambda out: out.float().pow(2).mean(), device, precision)
-    from stepscope.nn import TransformerLM, lm_loss
-
-    model = TransformerLM(spec).to(device)
-    data = torch.randint(0, spec.vocab_size, (2, min(17, spec.context_length + 1)), device=device)
-    inputs, targets = data[:, :-1], data[:, 1:]
-    return autocast_dtypes(model, inputs, lambda logits: lm_loss(logits, targets), device, precision)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model, inputs = ToyModel(), torch.randn(8, 16)
+        workload = Workload(batch=8, seq=16, precision=precision, mode="fwd-bwd")
+        step = TrainingStep(model, inputs, None, workload, device=device,
+                            loss_fn=lambda out, _: out.float().pow(2).mean())
+    else:
+        workload = Workload(batch=2, seq=min(16, spec.context_length), precision=precision, mode="fwd-bwd")
+        step = transformer_step(spec, workload, device=device)
+    return autocast_dtypes(step)

@@ -31,7 +31,7 @@ from stepscope.measure.profile.tables import (category_table, group_seconds, gro
 from stepscope.measure.stats import Stats
 from stepscope.measure.step.benchmark import StepConfig, time_phases
 from stepscope.results.tables import Table
-from stepscope.measure.training import TrainingStep
+from stepscope.measure.training import transformer_step
 from stepscope.results.store import RecordStore
 from stepscope.results.sweep import Sweep, SweepOutcome
 
@@ -145,7 +145,7 @@ def profile_step(config: ProfileConfig, trace_path: str | Path | None = None) ->
     device = resolve_device(step_config.device)
     naive = step_config.attention == "naive"
     with cpu_threads(step_config.threads) as threads:
-        step = TrainingStep(step_config.model, step_config.workload, attention=step_config.attention,
+        step = transformer_step(step_config.model, step_config.workload, attention=step_config.attention,
                             device=device, compile=step_config.compile, seed=step_config.seed)
         if step_config.compile:
             step.compile_seconds()  # compile outside the profiled steps

@@ -18,7 +18,7 @@ from stepscope.measure.device import cpu_threads, resolve_device
 from stepscope.measure.stats import Stats
 from stepscope.measure.step.benchmark import StepConfig
 from stepscope.measure.timer import ABResult, interleaved
-from stepscope.measure.training import TrainingStep
+from stepscope.measure.training import TrainingStep, transformer_step
 
 SHARED_FIELDS = ("device", "warmup", "iters", "threads", "compile")
 """What A and B must share: the comparison is between setups, under one measurement."""
@@ -89,7 +89,7 @@ def benchmark_ab(a: StepConfig, b: StepConfig) -> StepABResult:
     """Build both setups, warm each up, then time whole steps A and B alternately (`a.iters` pairs)."""
     device = resolve_device(a.device)
     with cpu_threads(a.threads) as threads:
-        steps = [TrainingStep(c.model, c.workload, attention=c.attention, device=device, compile=c.compile,
+        steps = [transformer_step(c.model, c.workload, attention=c.attention, device=device, compile=c.compile,
                               seed=c.seed) for c in (a, b)]
         if a.compile:  # the first call compiles: never inside a timed pair, whatever --warmup says
             for step in steps:

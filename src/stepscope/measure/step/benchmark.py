@@ -24,7 +24,7 @@ from stepscope.measure.gemm import gemm_rate
 from stepscope.measure.peaks import peak_flops
 from stepscope.measure.stats import Stats
 from stepscope.measure.timer import PhaseClock
-from stepscope.measure.training import TrainingStep
+from stepscope.measure.training import TrainingStep, transformer_step
 from stepscope.nn.attention import unsupported_reason
 from stepscope.results.store import RecordStore
 from stepscope.results.sweep import Sweep, SweepOutcome
@@ -162,7 +162,7 @@ def benchmark_step(config: StepConfig) -> StepResult:
     """Build the model, warm up, then time `iters` steps phase by phase."""
     device = resolve_device(config.device)
     with cpu_threads(config.threads) as threads:
-        step = TrainingStep(config.model, config.workload, attention=config.attention, device=device,
+        step = transformer_step(config.model, config.workload, attention=config.attention, device=device,
                             compile=config.compile, seed=config.seed)
         compile_s = step.compile_seconds() if config.compile else None
         for _ in range(config.warmup):
