@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from stepscope.measure.allocations import track_allocations
-from stepscope.measure.memory.benchmark import MemoryConfig, measure_memory
-from stepscope.measure.step.benchmark import StepConfig
+from stepscope.measure.memory.benchmark import measure_memory
+from stepscope.measure.memory.config import MemoryConfig
+from stepscope.measure.step.config import StepConfig
 from stepscope.spec import Workload, get_preset
 
 MB4 = 1000 * 1000 * 4  # bytes of a 1000 x 1000 fp32 tensor

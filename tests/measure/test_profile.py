@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-from stepscope.measure.profile.benchmark import ProfileConfig, profile_step
+from stepscope.measure.profile.benchmark import profile_step
+from stepscope.measure.profile.config import ProfileConfig
 from stepscope.measure.profile.events import PHASE_GROUPS
-from stepscope.measure.step.benchmark import StepConfig
+from stepscope.measure.step.config import StepConfig
 from stepscope.spec import Workload, get_preset
 
 BATCH, SEQ = 2, 32

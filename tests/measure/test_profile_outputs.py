@@ -4,7 +4,8 @@ import pytest
 import torch.distributed as dist
 
 from stepscope.errors import UsageError
-from stepscope.measure.outputs import check_writable_dir, check_writable_file, point_path, rank_path
+from stepscope.measure.outputs import point_path, rank_path
+from stepscope.results.files import check_writable_dir, check_writable_file
 from tests.conftest import free_port
 
 

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stepscope.cli.options import (add_model_options, add_output_options, choice, model_specs, non_negative_int,
-                                   parse_list, positive_float, positive_int)
+from stepscope.cli.options import add_output_options, choice, non_negative_int, parse_list, positive_float, positive_int
+from stepscope.cli.options.model import add_model_options, model_specs
 from stepscope.distributed.launch.ranks import MAX_RANKS_PER_CORE, OVERSUBSCRIBE_ENV
 from stepscope.errors import UsageError
 from stepscope.spec import PRECISIONS

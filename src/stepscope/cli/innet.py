@@ -10,8 +10,8 @@ import argparse
 import sys
 from typing import Any
 
-from stepscope.cli.options import (add_model_options, add_output_options, choice, non_negative_int, parse_list,
-                                   positive_float, positive_int)
+from stepscope.cli.options import add_output_options, choice, non_negative_int, parse_list, positive_float, positive_int
+from stepscope.cli.options.model import add_model_options
 from stepscope.errors import UsageError
 from stepscope.innet.options import add_job_options, convert, fraction, job_config, optional_k, size_bytes
 
@@ -365,7 +365,7 @@ def _register_train(commands: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from stepscope.cli.options import model_specs
+    from stepscope.cli.options.model import model_specs
     from stepscope.cli.output import Printer
     from stepscope.innet.faults import StragglerSpec
     from stepscope.innet.train import DDP_KINDS, TrainConfig, run_train as train

@@ -15,20 +15,9 @@ from typing import NoReturn, Sequence
 from stepscope.errors import DistributedError
 from stepscope.errors import UsageError
 
-# Every module of this package that defines `register(subparsers)` is a command group; the help lists
-# these first, in this order, and any other command module after them alphabetically.
-COMMAND_ORDER = ["step", "profile", "memory", "attention", "comm", "ddp", "predict", "plan", "calibrate",
-                 "compare", "validate", "innet", "precision", "show", "models"]
-_NOT_COMMANDS = {"main", "options", "output"}
-
-
-def command_modules() -> list[str]:
-    import pkgutil
-
-    import stepscope.cli as package
-
-    names = {m.name for m in pkgutil.iter_modules(package.__path__)} - _NOT_COMMANDS
-    return [n for n in COMMAND_ORDER if n in names] + sorted(names - set(COMMAND_ORDER))
+COMMANDS = ("step", "profile", "memory", "attention", "comm", "ddp", "predict", "plan", "calibrate", "compare",
+            "validate", "innet", "precision", "show", "models")
+"""The command modules of this package (each defines `register(subparsers)`), in the order `--help` lists them."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -50,7 +39,7 @@ def build_parser() -> Parser:
     parser = Parser(prog="stepscope", description="Measure, model and speed up transformer training steps.")
     parser.add_argument("--version", action="version", version=f"stepscope {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for name in command_modules():
+    for name in COMMANDS:
         importlib.import_module(f"stepscope.cli.{name}").register(subparsers)
     return parser
 

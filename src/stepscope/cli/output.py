@@ -1,9 +1,10 @@
-"""Print result rows as they arrive, in the chosen format (csv header once, json one object per line)."""
+"""Print result rows as they arrive, in the chosen format (csv header once, json one object per line); the
+tables of a profile or memory point; the few words that identify a measured step point."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 from stepscope.results.views import columns_of, render
 
@@ -41,3 +42,75 @@ class Printer:
         """Human remarks go to stderr when the output is machine-readable, so stdout stays parseable."""
         stream = self.stream if self.fmt in ("table", "md") else sys.stderr
         print(message, file=stream, flush=True)
+
+
+class TableEmitter:
+    """Print a point's tables through a `Printer`: titled tables for `table`/`md`;
+    for `json` one object per row with the table kind and the point's fields; for `csv` every row of every
+    point in one block at `finish()` (a CSV file has one header, and the tables have different columns)."""
+
+    def __init__(self, printer: Any) -> None:
+        self.printer = printer
+        self._csv_rows: list[dict[str, Any]] = []
+
+    def emit(self, tables: Sequence[Table], point: dict[str, Any], title: str) -> None:
+        if self.printer.fmt in ("table", "md"):
+            self.printer.note(title)
+            for table in tables:
+                self.printer.emit(table.rows, title=table.title)
+            return
+        self._emit_rows([{"table": table.kind, **point, **row} for table in tables for row in table.rows])
+
+    def _emit_rows(self, rows: list[dict[str, Any]]) -> None:
+        if self.printer.fmt == "csv":
+            self._csv_rows.extend(rows)
+        else:
+            self.printer.emit(rows)
+
+    def on_record(self, header: Callable[[Any, Any], str]) -> Callable[[dict[str, Any], Any, Any], None]:
+        """A sweep's `on_record` callback for points whose config has a `.step` (StepConfig): an `oom` row,
+        or the point's `header(config, result)` and its tables."""
+
+        def show(record: dict[str, Any], config: Any, result: Any) -> None:
+            point = {**point_fields(config.step), "threads": effective_threads(record)}
+            if result is None:  # an oom row: in the CSV block too, which has one header for every row
+                self._emit_rows([{"table": record["kind"], **point, "status": record["status"],
+                                  "note": record.get("note")}])
+            else:
+                self.emit(result.tables(), point, header(config, result))
+
+        return show
+
+    def finish(self) -> None:
+        """Print the CSV block (every row under one header: the union of the tables' columns)."""
+        self.printer.emit(self._csv_rows)
+        self._csv_rows = []
+
+
+def point_fields(step: Any) -> dict[str, Any]:
+    """The identity of a step point (a StepConfig) in machine-readable output."""
+    return {"model": step.model.name, **step.workload.to_dict(), "attention": step.attention, "threads": step.threads}
+
+
+def effective_threads(record: dict[str, Any]) -> int | None:
+    """The intra-op thread count a point ran with, also without --threads (where the config says None):
+    the measured count in the metrics, else the record's environment (an `oom` row has no metrics)."""
+    metrics, env = record.get("metrics") or {}, record.get("env") or {}
+    return metrics.get("threads", env.get("threads"))
+
+
+def point_title(step: Any) -> str:
+    """`small batch 4 seq 128 train fp32 sdpa`."""
+    workload = step.workload
+    return (f"{step.model.name} batch {workload.batch} seq {workload.seq} {workload.mode} {workload.precision} "
+            f"{step.attention}")
+
+
+def memory_header(config: Any, result: Any) -> str:
+    """The lines above a memory point's tables: the point, how memory was measured, the files written."""
+    text = f"== {point_title(config.step)} ({result.device})\nmeasured: {result.method}"
+    if result.plot_path is not None:
+        text += f"\ntimeline: {result.plot_path}"
+    if result.snapshot_path is not None:
+        text += f"\nsnapshot: {result.snapshot_path}"
+    return text

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stepscope.cli.options import add_model_options, add_output_options, choice, model_specs, parse_list, positive_int
+from stepscope.cli.options import add_output_options, choice, parse_list, positive_int
+from stepscope.cli.options.model import add_model_options, model_specs
 from stepscope.cli.predict import add_system_option, add_training_options, one_int, yes_no
 from stepscope.errors import UsageError
 from stepscope.spec import MODES, PRECISIONS

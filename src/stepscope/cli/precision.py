@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from stepscope.cli.options import add_model_options, add_output_options
+from stepscope.cli.options import add_output_options
+from stepscope.cli.options.model import add_model_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,7 +47,7 @@ def run_accumulate(args: argparse.Namespace) -> int:
 
 
 def run_dtypes(args: argparse.Namespace) -> int:
-    from stepscope.cli.options import model_specs
+    from stepscope.cli.options.model import model_specs
     from stepscope.cli.output import Printer
     from stepscope.errors import UsageError
     from stepscope.measure.device import check_precision, resolve_device

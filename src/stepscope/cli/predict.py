@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable, TypeVar
 
-from stepscope.cli.options import add_model_options, add_output_options, choice, model_specs, parse_list, positive_int
+from stepscope.cli.options import add_output_options, choice, parse_list, positive_int
+from stepscope.cli.options.model import add_model_options, model_specs
 from stepscope.errors import UsageError
 from stepscope.spec import PRECISIONS, MODES
 

@@ -1,13 +1,13 @@
-"""Files a profile or memory run writes besides records (traces, snapshots, plots): one name per sweep
-point and per rank, and a writability check made before any work starts."""
+"""Files a profile or memory run writes besides records (traces, snapshots): one name per sweep point and per
+rank, and traces kept apart from the results folder."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from pathlib import Path
 
 from stepscope.errors import UsageError
-from stepscope.results.store import refuse_file_as_folder
 
 
 def with_suffix_tag(path: str | os.PathLike, tag: str) -> Path:
@@ -30,32 +30,23 @@ def rank_path(path: str | os.PathLike) -> Path:
     return Path(path)
 
 
-def check_writable_file(path: str | os.PathLike, what: str) -> Path:
-    """Create the folder and prove `path` can be written, leaving no empty file behind (UsageError if not)."""
-    path = Path(path)
-    existed = path.exists()
-    try:
-        if path.is_dir():
-            raise IsADirectoryError(21, "is a directory")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a"):
-            pass
-    except OSError as error:
-        raise UsageError(f"cannot write {what} to {path}: {error.strerror or error}") from None
-    if not existed:
-        path.unlink()
-    return path
-
-
-def check_writable_dir(path: str | os.PathLike, what: str) -> Path:
-    """Create the folder and prove a file can be created in it (UsageError if not)."""
-    path = Path(path)
-    refuse_file_as_folder(path, what, f"give a folder: {what} are written into one")
-    probe = path / f".stepscope-probe-{os.getpid()}"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe.touch()
-        probe.unlink()
-    except OSError as error:
-        raise UsageError(f"cannot write {what} to {path}: {error.strerror or error}") from None
-    return path
+def check_trace_apart(trace: str | os.PathLike, paths: list[Path], out: str | os.PathLike | None, *,
+                      plots: bool) -> None:
+    """Refuse trace files that would be the results folder, contain it, or take a name the folder uses for
+    its own files (`*.jsonl` records, which `stepscope show` reads; with --memory the `memory-*.png`
+    timelines): the trace's own check passes while --out does not exist yet, and then one write fails or
+    overwrites the other."""
+    if out is None:
+        return
+    folder = Path(out).resolve()
+    example = Path(out) / "trace.json"
+    for path in paths:
+        target = path.resolve()
+        if target == folder or target in folder.parents:
+            raise UsageError(f"--trace {trace} collides with the results folder --out {out}: name a trace file "
+                             f"of its own (e.g. {example})")
+        if target.parent == folder and (target.suffix == ".jsonl"
+                                        or (plots and fnmatch.fnmatch(target.name, "memory-*.png"))):
+            owned = "*.jsonl records" + (", memory-*.png timelines" if plots else "")
+            raise UsageError(f"--trace {trace} would write {path}, a name the results folder --out {out} uses for "
+                             f"its own files ({owned}): name the trace e.g. {example}")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from stepscope.errors import UsageError
+from stepscope.results.files import check_results_folder
 
 SCHEMA = "stepscope/1"
 STATUSES = ("ok", "oom", "mismatch", "unsupported", "error")
@@ -80,22 +81,6 @@ class RecordStore:
     def done_keys(self) -> set[str]:
         """Keys of points already recorded (any status but `error`, which a resume retries)."""
         return {r["key"] for r in self.records() if r.get("status") != "error" and "key" in r}
-
-
-def check_results_folder(out_dir: str | os.PathLike) -> Path:
-    """Refuse an --out folder that is (or lies under) an existing file. Creates nothing."""
-    return refuse_file_as_folder(out_dir, "results", "--out names a folder for the .jsonl records")
-
-
-def refuse_file_as_folder(folder: str | os.PathLike, what: str, hint: str) -> Path:
-    """Refuse a folder that is (or lies under) an existing file, saying so (mkdir would only say `File
-    exists` or `Not a directory`): `cannot write <what> to <folder>: ... is a file, not a folder (<hint>)`."""
-    folder = Path(folder)
-    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        where = "it" if existing == folder else str(existing)
-        raise UsageError(f"cannot write {what} to {folder}: {where} is a file, not a folder ({hint})")
-    return folder
 
 
 def _ends_without_newline(fd: int) -> bool:

@@ -6,6 +6,7 @@ Ctrl-C propagates (KeyboardInterrupt) after the finished points are safely on di
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
@@ -40,10 +41,12 @@ class Sweep(Generic[P]):
     after_oom: Callable[[], None] = lambda: None
     """Clean-up after an OOM (e.g. free cached device memory) before the next point."""
 
-    def run(self, store: RecordStore | None, *, resume: bool = False,
+    def run(self, out: str | os.PathLike | None, *, resume: bool = False,
             on_record: Callable[[dict[str, Any], P, Any], None] = lambda record, point, result: None) -> SweepOutcome:
-        """Measure every point not yet in `store` (with `resume`), appending each record as it is made;
-        `on_record(record, point, result)` follows every append (`result` None for an `oom` row)."""
+        """Measure every point not yet in `<out>/<kind>.jsonl` (with `resume`), appending each record as it is
+        made (`out` None: records are only returned); `on_record(record, point, result)` follows every append
+        (`result` None for an `oom` row)."""
+        store = RecordStore(out, self.kind).check_writable() if out is not None else None
         outcome = SweepOutcome()
         done = store.done_keys() if (store is not None and resume) else set()
         for point in self.points:

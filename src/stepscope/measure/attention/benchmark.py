@@ -30,14 +30,30 @@ import torch
 
 from stepscope.errors import UsageError
 from stepscope.kernels.reference import PASSES, attention_flops
-from stepscope.measure.attention.check import (OWN_IMPLS, TOLERANCE, AttentionPoint, AttentionProblem,
-                                              check_correctness)
+from stepscope.measure.attention.check import (
+    OWN_IMPLS,
+    TOLERANCE,
+    AttentionPoint,
+    AttentionProblem,
+    check_correctness,
+)
 from stepscope.measure.attention.memory import measure_attention_memory
-from stepscope.measure.device import DTYPES, cpu_threads, is_out_of_memory, release_memory, resolve_device
+from stepscope.measure.device import (
+    DTYPES,
+    cpu_threads,
+    is_out_of_memory,
+    release_memory,
+    resolve_device,
+)
 from stepscope.measure.environment import torch_environment
 from stepscope.measure.stats import Stats
 from stepscope.measure.timer import PhaseClock, interleaved_rounds
-from stepscope.nn.attention import AttentionFn, attention_backends, get_attention, unsupported_reason
+from stepscope.nn.attention import (
+    AttentionFn,
+    attention_backends,
+    get_attention,
+    unsupported_reason,
+)
 from stepscope.results.store import RecordStore, make_record, point_key
 from stepscope.results.sweep import SweepOutcome
 

@@ -1,5 +1,3 @@
-"""`stepscope memory`: bytes live and peak per phase of a training step (`benchmark`), the timeline (`plot`)."""
-
-from stepscope.measure.memory.benchmark import MemoryConfig, MemoryResult, measure_memory, run_memory_sweep
-
-__all__ = ["MemoryConfig", "MemoryResult", "measure_memory", "run_memory_sweep"]
+"""`stepscope memory`: bytes live and peak per phase of a training step. `config` holds the point (`MemoryConfig`,
+torch-free), `benchmark` measures it and writes `memory` and `memory-*` records (`run_memory_sweep`), `plot`
+draws the timeline."""

@@ -29,41 +29,14 @@ import torch
 from stepscope.errors import UsageError
 from stepscope.measure.allocations import AllocationTrace, track_allocations
 from stepscope.measure.device import cpu_threads, resolve_device, synchronize
-from stepscope.measure.profile.benchmark import phase_region
-from stepscope.measure.step.benchmark import StepConfig
-from stepscope.results.tables import Table
+from stepscope.measure.memory.config import TABLE_KINDS, MemoryConfig
+from stepscope.measure.ranges import INIT_RANGE, phase_region
 from stepscope.measure.training import transformer_step
-from stepscope.results.store import RecordStore
 from stepscope.results.sweep import Sweep, SweepOutcome
+from stepscope.results.tables import Table
 from stepscope.spec import bytes_per_element
 
 MiB = 2**20
-INIT_RANGE = "stepscope.init"
-TABLE_KINDS = ("memory-phase", "memory-alloc")
-
-
-@dataclass(frozen=True)
-class MemoryConfig:
-    """One point of a memory measurement."""
-
-    step: StepConfig
-    """The step to measure, as `stepscope step` runs it; its `warmup` is the number of full steps before
-    the measured one (1 lets AdamW allocate its state first); its `iters` is not used (one step)."""
-    top: int = 10
-    """Rows of the largest-allocations table."""
-
-    def validate(self) -> None:
-        self.step.validate()
-        if self.top <= 0:
-            raise UsageError(f"need top > 0, got {self.top}")
-
-    def record_config(self) -> dict[str, Any]:
-        config = self.step.record_config()
-        config.pop("iters", None)
-        config["top"] = self.top
-        return config
-
-
 @dataclass
 class PhaseMemory:
     """Bytes at the end of a phase and the most bytes live during it."""
@@ -256,13 +229,33 @@ def run_memory_sweep(configs: list[MemoryConfig], out_dir: str | Path | None, *,
                      on_record: Callable[[dict[str, Any], MemoryConfig, MemoryResult | None], None]
                      = lambda record, config, result: None) -> SweepOutcome:
     """Measure every point. Table records (`memory-phase`, `memory-alloc`) first, then the summary record
-    (`memory`, what --resume looks for); an OOM point becomes an `oom` row and the sweep goes on."""
+    (`memory`, what --resume looks for); an OOM point becomes an `oom` row and the sweep goes on. A timeline
+    PNG per point goes to `plot_dir` (None: none), a CUDA allocator snapshot per point to `snapshot`.
+    Every point is validated and every file proven writable before any work."""
     from stepscope.measure.device import is_out_of_memory, release_memory
     from stepscope.measure.environment import torch_environment
     from stepscope.measure.outputs import point_path, rank_path
-    from stepscope.results.tables import append_tables
+    from stepscope.results.files import (
+        check_results_folder,
+        check_writable_dir,
+        check_writable_file,
+    )
+    from stepscope.results.tables import append_tables, check_tables_writable
 
+    for config in configs:
+        config.validate()
     device = resolve_device(configs[0].step.device)
+    if snapshot is not None:
+        if device.type != "cuda":
+            raise UsageError("--snapshot needs a CUDA device (on CPU the timeline PNG shows the allocations)")
+        for index in range(len(configs)):
+            check_writable_file(rank_path(point_path(snapshot, index, len(configs))), "the snapshot")
+    if out_dir is not None:
+        check_results_folder(out_dir)  # before the plots, which may go there: `--out FILE` says "not a folder"
+    if plot_dir is not None:
+        check_writable_dir(plot_dir, "timeline plots")
+    if out_dir is not None:
+        check_tables_writable(out_dir, ["memory", *TABLE_KINDS])
     index_of = {id(config): i for i, config in enumerate(configs)}
     names = [plot_name(config) for config in configs]
 
@@ -284,8 +277,7 @@ def run_memory_sweep(configs: list[MemoryConfig], out_dir: str | Path | None, *,
 
     sweep = Sweep(kind="memory", points=configs, config_of=config_of, measure=measure, env_of=env,
                   is_oom=is_out_of_memory, after_oom=lambda: release_memory(device))
-    store = RecordStore(out_dir, "memory") if out_dir is not None else None
-    return sweep.run(store, resume=resume, on_record=on_record)
+    return sweep.run(out_dir, resume=resume, on_record=on_record)
 
 
 def plot_name(config: MemoryConfig) -> str:

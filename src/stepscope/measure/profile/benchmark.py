@@ -12,61 +12,38 @@ table. Tables: see profile_tables.py and attention_pieces.py.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
-from stepscope.errors import UsageError
 from stepscope.measure.allocations import quiet_native_stderr
-from stepscope.measure.profile.attention_pieces import attention_pieces_table
 from stepscope.measure.device import cpu_threads, resolve_device, synchronize
-from stepscope.measure.profile.events import (PHASE_GROUPS, PhaseRange, Work, attribute_work, phase_ranges,
-                                              range_name)
-from stepscope.measure.profile.tables import (category_table, group_seconds, groups_of, matmul_share_table,
-                                              timer_table, top_ops_table)
+from stepscope.measure.profile.attention_pieces import attention_pieces_table
+from stepscope.measure.profile.config import TABLE_KINDS, ProfileConfig
+from stepscope.measure.profile.events import (
+    PHASE_GROUPS,
+    PhaseRange,
+    Work,
+    attribute_work,
+    phase_ranges,
+)
+from stepscope.measure.profile.tables import (
+    category_table,
+    group_seconds,
+    groups_of,
+    matmul_share_table,
+    timer_table,
+    top_ops_table,
+)
+from stepscope.measure.ranges import ACTIVE_RANGE, nvtx_range, phase_region
 from stepscope.measure.stats import Stats
-from stepscope.measure.step.benchmark import StepConfig, time_phases
-from stepscope.results.tables import Table
+from stepscope.measure.step.benchmark import time_phases
 from stepscope.measure.training import transformer_step
-from stepscope.results.store import RecordStore
 from stepscope.results.sweep import Sweep, SweepOutcome
-
-TABLE_KINDS = ("profile-category", "profile-op", "profile-share", "profile-timer", "profile-attention")
-
-
-@dataclass(frozen=True)
-class ProfileConfig:
-    """One point of a profile."""
-
-    step: StepConfig
-    """The step to profile, as `stepscope step` runs it; its `warmup` is the profiler's warm-up steps
-    (run and recorded, then discarded) and its `iters` the steps timed afterwards without the profiler."""
-    wait: int = 0
-    """Steps run before the profiler's warm-up, with the profiler idle."""
-    active: int = 2
-    """Steps recorded and analysed (tables are per step: sums divided by this)."""
-    top: int = 10
-    """Rows of the top-ops tables."""
-    nvtx: bool = False
-    """Also mark phases and steps with NVTX ranges (CUDA only) for Nsight Systems."""
-
-    def validate(self) -> None:
-        """Everything that can be checked before building anything (raises UsageError)."""
-        self.step.validate()
-        if self.wait < 0 or self.active <= 0 or self.top <= 0:
-            raise UsageError(f"need wait >= 0, active > 0 and top > 0, got wait={self.wait} "
-                             f"active={self.active} top={self.top}")
-        if self.nvtx and resolve_device(self.step.device).type != "cuda":
-            raise UsageError("--nvtx needs a CUDA device (NVTX ranges are for Nsight Systems)")
-
-    def record_config(self) -> dict[str, Any]:
-        config = self.step.record_config()
-        config.update({k: v for k, v in dataclasses.asdict(self).items() if k != "step"})
-        return config
+from stepscope.results.tables import Table
 
 
 @dataclass
@@ -124,21 +101,6 @@ class ProfileResult:
         return metrics
 
 
-def phase_region(nvtx: bool = False) -> Callable[[str], contextlib.AbstractContextManager]:
-    """`region(phase)` for `TrainingStep.run`: a profiler range, and an NVTX range too when asked."""
-
-    @contextlib.contextmanager
-    def region(phase: str) -> Iterator[None]:
-        with torch.profiler.record_function(range_name(phase)), _nvtx_range(range_name(phase), nvtx):
-            yield
-
-    return region
-
-
-def _nvtx_range(name: str, enabled: bool) -> contextlib.AbstractContextManager:
-    return torch.cuda.nvtx.range(name) if enabled else contextlib.nullcontext()
-
-
 def profile_step(config: ProfileConfig, trace_path: str | Path | None = None) -> ProfileResult:
     """Profile one point; write the Chrome/Perfetto trace of the active steps to `trace_path` if given."""
     step_config = config.step
@@ -173,7 +135,7 @@ def profile_step(config: ProfileConfig, trace_path: str | Path | None = None) ->
             active_range = contextlib.ExitStack()
             for index in range(total):
                 if config.nvtx and index == config.wait + step_config.warmup:
-                    active_range.enter_context(_nvtx_range("stepscope.active", True))
+                    active_range.enter_context(nvtx_range(ACTIVE_RANGE, True))
                 step.prepare()
                 step.run(region=region)
                 synchronize(device)
@@ -188,16 +150,36 @@ def profile_step(config: ProfileConfig, trace_path: str | Path | None = None) ->
 
 
 def run_profile_sweep(configs: list[ProfileConfig], out_dir: str | Path | None, *, resume: bool = False,
-                      trace: str | Path | None = None,
+                      trace: str | Path | None = None, with_memory: bool = False,
                       on_record: Callable[[dict[str, Any], ProfileConfig, ProfileResult | None], None]
+                      = lambda record, config, result: None,
+                      on_memory_record: Callable[[dict[str, Any], Any, Any], None]
                       = lambda record, config, result: None) -> SweepOutcome:
     """Profile every point. Per point, the table records go to `<out>/profile-*.jsonl` first, then the
-    summary record to `<out>/profile.jsonl` (what --resume looks for); OOM points become `oom` rows."""
+    summary record to `<out>/profile.jsonl` (what --resume looks for); OOM points become `oom` rows. The
+    Chrome trace of each point goes to `trace` (one file per point and rank). `with_memory`: then measure the
+    memory of the same points as `stepscope memory` does (`on_memory_record` sees those records). Every point
+    is validated and every file proven writable before any work."""
     from stepscope.measure.device import is_out_of_memory, release_memory
     from stepscope.measure.environment import torch_environment
-    from stepscope.measure.outputs import point_path, rank_path
-    from stepscope.results.tables import append_tables
+    from stepscope.measure.memory.benchmark import run_memory_sweep
+    from stepscope.measure.memory.config import TABLE_KINDS as MEMORY_KINDS
+    from stepscope.measure.memory.config import MemoryConfig
+    from stepscope.measure.outputs import check_trace_apart, point_path, rank_path
+    from stepscope.results.files import check_writable_file
+    from stepscope.results.tables import append_tables, check_tables_writable
 
+    for config in configs:
+        config.validate()
+    if trace is not None:
+        traces = [rank_path(point_path(trace, index, len(configs))) for index in range(len(configs))]
+        check_trace_apart(trace, traces, out_dir, plots=with_memory)
+        for path in traces:
+            check_writable_file(path, "the trace")
+    if out_dir is not None:
+        naive = any(config.step.attention == "naive" for config in configs)
+        kinds = ["profile", *(k for k in TABLE_KINDS if naive or k != "profile-attention")]
+        check_tables_writable(out_dir, kinds + (["memory", *MEMORY_KINDS] if with_memory else []))
     device = resolve_device(configs[0].step.device)
     index_of = {id(config): i for i, config in enumerate(configs)}
 
@@ -213,5 +195,8 @@ def run_profile_sweep(configs: list[ProfileConfig], out_dir: str | Path | None, 
 
     sweep = Sweep(kind="profile", points=configs, config_of=ProfileConfig.record_config, measure=measure,
                   env_of=env, is_oom=is_out_of_memory, after_oom=lambda: release_memory(device))
-    store = RecordStore(out_dir, "profile") if out_dir is not None else None
-    return sweep.run(store, resume=resume, on_record=on_record)
+    outcome = sweep.run(out_dir, resume=resume, on_record=on_record)
+    if with_memory:
+        run_memory_sweep([MemoryConfig(step=config.step, top=config.top) for config in configs], out_dir,
+                         resume=resume, plot_dir=out_dir, on_record=on_memory_record)
+    return outcome

@@ -21,19 +21,18 @@ import bisect
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from stepscope.measure.categories import EVALUATE_PREFIX, categorize, is_autograd_node, normalize_name
+from stepscope.measure.categories import (
+    EVALUATE_PREFIX,
+    categorize,
+    is_autograd_node,
+    normalize_name,
+)
+from stepscope.measure.ranges import PHASES, RANGE_PREFIX, range_name
 
-PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
-RANGE_PREFIX = "stepscope."
 PHASE_GROUPS: dict[str, tuple[str, ...]] = {"fwd": ("forward",), "fwd-bwd": ("forward", "backward"),
                                             "train": ("forward", "backward", "optimizer")}
 """Cumulative phase groups, named like the workload modes: forward, forward+backward, the full train step."""
 GROUP_TITLES: dict[str, str] = {"fwd": "forward", "fwd-bwd": "forward+backward", "train": "train step"}
-
-
-def range_name(phase: str) -> str:
-    """The record_function / NVTX range name of a phase, e.g. `stepscope.forward`."""
-    return RANGE_PREFIX + phase
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,12 @@ from collections import defaultdict
 from typing import Iterable, Sequence
 
 from stepscope.measure.categories import CATEGORIES
-from stepscope.measure.profile.events import GROUP_TITLES, PHASE_GROUPS, PhaseRange, Work
+from stepscope.measure.profile.events import (
+    GROUP_TITLES,
+    PHASE_GROUPS,
+    PhaseRange,
+    Work,
+)
 from stepscope.measure.stats import Stats
 from stepscope.results.tables import Table
 

@@ -1,6 +1,3 @@
-"""`stepscope step`: a training step timed phase by phase (`benchmark`), and two setups side by side (`ab`)."""
-
-from stepscope.measure.step.ab import StepABResult, benchmark_ab
-from stepscope.measure.step.benchmark import StepConfig, StepResult, benchmark_step, run_step_sweep
-
-__all__ = ["StepConfig", "StepResult", "benchmark_step", "run_step_sweep", "StepABResult", "benchmark_ab"]
+"""`stepscope step`: a training step timed phase by phase. `config` holds the point (`StepConfig`, torch-free),
+`benchmark` times it and writes `step` records (`run_step_sweep`), `ab` times two setups side by side and writes
+`step-ab` records (`run_step_ab`)."""

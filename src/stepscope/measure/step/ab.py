@@ -10,15 +10,23 @@ is inside it: microseconds).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.measure.device import cpu_threads, resolve_device
+from stepscope.measure.device import (
+    cpu_threads,
+    is_out_of_memory,
+    release_memory,
+    resolve_device,
+)
+from stepscope.measure.environment import torch_environment
 from stepscope.measure.stats import Stats
-from stepscope.measure.step.benchmark import StepConfig
+from stepscope.measure.step.config import StepConfig
 from stepscope.measure.timer import ABResult, interleaved
 from stepscope.measure.training import TrainingStep, transformer_step
+from stepscope.results.store import RecordStore, make_record
 
 SHARED_FIELDS = ("device", "warmup", "iters", "threads", "compile")
 """What A and B must share: the comparison is between setups, under one measurement."""
@@ -104,3 +112,35 @@ def benchmark_ab(a: StepConfig, b: StepConfig) -> StepABResult:
         timing = interleaved(step_of(steps[0]), step_of(steps[1]), warmup=a.warmup, iters=a.iters, device=device)
         del steps
     return StepABResult(a=a, b=b, timing=timing, threads=threads, device=device.type)
+
+
+@dataclass
+class StepABOutcome:
+    """The `step-ab` record of one A/B run, and its result (None when a setup ran out of memory)."""
+
+    record: dict[str, Any]
+    result: StepABResult | None
+
+
+def run_step_ab(configs: list[StepConfig], out: str | os.PathLike | None = None) -> StepABOutcome:
+    """Check the pair, time it (`benchmark_ab`) and append one `step-ab` record to `<out>/step-ab.jsonl`
+    (None: not stored); an out-of-memory error is an `oom` record, anything else propagates."""
+    a, b = check_pair(configs)
+    for config in (a, b):
+        config.validate()
+    store = RecordStore(out, "step-ab").check_writable() if out is not None else None
+    device = resolve_device(a.device)
+    env = torch_environment(device, threads=a.threads)
+    result = None
+    try:
+        result = benchmark_ab(a, b)
+        record = make_record("step-ab", result.record_config(), result.metrics(), env=env)
+    except Exception as error:  # noqa: BLE001 - an out-of-memory is a result (a row), anything else a bug
+        if not is_out_of_memory(error):
+            raise
+        release_memory(device)
+        record = make_record("step-ab", {"a": a.record_config(), "b": b.record_config()}, status="oom", env=env,
+                             note=str(error).splitlines()[0])
+    if store is not None:
+        store.append(record)
+    return StepABOutcome(record, result)

@@ -10,73 +10,31 @@ Derived metrics (formulas visible on purpose):
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from stepscope.errors import UsageError
-from stepscope.measure.device import (check_precision, cpu_threads, dtype_of, is_out_of_memory, release_memory,
-                                     resolve_device, synchronize)
+from stepscope.measure.device import (
+    cpu_threads,
+    is_out_of_memory,
+    release_memory,
+    resolve_device,
+    synchronize,
+)
 from stepscope.measure.environment import torch_environment
 from stepscope.measure.gemm import gemm_rate
 from stepscope.measure.peaks import peak_flops
 from stepscope.measure.stats import Stats
+from stepscope.measure.step.config import StepConfig
 from stepscope.measure.timer import PhaseClock
 from stepscope.measure.training import TrainingStep, transformer_step
-from stepscope.nn.attention import unsupported_reason
-from stepscope.results.store import RecordStore
 from stepscope.results.sweep import Sweep, SweepOutcome
-from stepscope.spec import ModelSpec, Workload
-
 
 PHASE_COLUMNS = ("phase", "median_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "p10_ms", "p90_ms", "tokens_per_s",
                  "GFLOPps", "mfu_pct", "gemm_fraction")
 """Columns of `StepResult.rows()`: mfu_pct only with a known GPU peak, gemm_fraction only on CPUs."""
-
-
-@dataclass(frozen=True)
-class StepConfig:
-    """One point of a step benchmark."""
-
-    model: ModelSpec
-    """The model to build (preset plus overrides)."""
-    workload: Workload = field(default_factory=Workload)
-    """Batch, sequence length, precision and mode."""
-    attention: str = "sdpa"
-    """Attention backend name (see `stepscope.nn.attention_backends()`)."""
-    device: str = "auto"
-    """auto, cpu or cuda."""
-    compile: bool = False
-    """Wrap the model in torch.compile (compile time is reported apart and excluded)."""
-    warmup: int = 5
-    """Untimed steps before measuring."""
-    iters: int = 10
-    """Timed steps."""
-    threads: int | None = None
-    """CPU intra-op threads (None: PyTorch's default)."""
-    seed: int = 0
-    """Seed for weights and the random batch."""
-
-    def validate(self) -> None:
-        """Everything that can be checked before building anything (raises UsageError)."""
-        self.workload.check_fits(self.model.context_length)
-        device = resolve_device(self.device)
-        check_precision(device, self.workload.precision)
-        # a backend that cannot run here (flash-triton without GPU or interpreter, bf16 under the
-        # interpreter, an unsupported head_dim) is refused now, not after other points were measured
-        reason = unsupported_reason(self.attention, device, dtype_of(self.workload.precision), self.model.head_dim)
-        if reason:
-            raise UsageError(reason)
-        if self.warmup < 0 or self.iters <= 0:
-            raise UsageError(f"need warmup >= 0 and iters > 0, got warmup={self.warmup} iters={self.iters}")
-
-    def record_config(self) -> dict[str, Any]:
-        config = {"model": self.model.name, **self.workload.to_dict()}
-        config.update({k: v for k, v in dataclasses.asdict(self).items() if k not in ("model", "workload")})
-        config["model_spec"] = self.model.to_dict()
-        return config
 
 
 @dataclass
@@ -176,10 +134,13 @@ def benchmark_step(config: StepConfig) -> StepResult:
                       peak_flops_per_s=peak_flops(device, config.workload.precision))
 
 
-def run_step_sweep(configs: list[StepConfig], store: RecordStore | None = None, *, resume: bool = False,
+def run_step_sweep(configs: list[StepConfig], out: str | os.PathLike | None = None, *, resume: bool = False,
                    on_record: Callable[[dict[str, Any], StepConfig, StepResult | None], None]
                    = lambda record, config, result: None) -> SweepOutcome:
-    """Benchmark every config into `store` (None: records are only returned); OOM points become `oom` rows."""
+    """Benchmark every config (validated first) into `<out>/step.jsonl` (None: records are only returned);
+    OOM points become `oom` rows."""
+    for config in configs:
+        config.validate()
     device = resolve_device(configs[0].device)
 
     def measure(config: StepConfig) -> tuple[dict[str, Any], StepResult]:
@@ -191,4 +152,4 @@ def run_step_sweep(configs: list[StepConfig], store: RecordStore | None = None, 
 
     sweep = Sweep(kind="step", points=configs, config_of=StepConfig.record_config, measure=measure, env_of=env,
                   is_oom=is_out_of_memory, after_oom=lambda: release_memory(device))
-    return sweep.run(store, resume=resume, on_record=on_record)
+    return sweep.run(out, resume=resume, on_record=on_record)

@@ -1,0 +1,189 @@
+"""Command-line options, declared once for every command that shares them, and the parsing of their text.
+
+- Values: `parse_list` (a comma list sweeps), `one_value` (an option that takes exactly one value), and the
+  converters (`positive_int`, `fraction`, `choice(...)`, `yes_no`, ...) that name the bad value in one line.
+- Defaults: an option that fills a config dataclass reads its default from that dataclass
+  (`config_default(StepConfig, "warmup")`), so each default is defined once, where it is documented.
+- Shared groups: output (`--out --format --resume`), plots (`--plot --no-plot`), `--threads`, `--seed`,
+  `--device`; model and workload options live in `options.model`, the performance model's in
+  `options.perfmodel`, in-network aggregation's in `options.innet`.
+Parsing only: commands hand typed values to library functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from stepscope.errors import UsageError
+from stepscope.results.store import DEFAULT_OUT
+from stepscope.results.views import FORMATS
+
+T = TypeVar("T")
+YES_NO = {"yes": True, "no": False, "true": True, "false": False, "on": True, "off": False}
+
+
+# ---- values -------------------------------------------------------------------------------------------------
+def parse_list(text: str | Sequence[str], convert: Callable[[str], T], option: str) -> list[T]:
+    """`"128,256"` -> [128, 256]; empty items or unconvertible values are usage errors."""
+    if not isinstance(text, str):
+        return [convert(item) if isinstance(item, str) else item for item in text]
+    items = [item.strip() for item in str(text).split(",")]
+    if not items or any(item == "" for item in items):
+        raise UsageError(f"malformed list {text!r} for {option} (expected comma-separated values)")
+    out = []
+    for item in items:
+        try:
+            out.append(convert(item))
+        except UsageError:
+            raise
+        except (ValueError, TypeError):
+            raise UsageError(f"invalid value {item!r} in {option} {text!r}") from None
+    return out
+
+
+def one_value(text: Any, convert: Callable[[str], T], option: str) -> T:
+    """Exactly one value from the command line (a comma list is a usage error here)."""
+    values = parse_list(str(text), convert, option)
+    if len(values) != 1:
+        raise UsageError(f"{option} takes one value, got {text!r}")
+    return values[0]
+
+
+def optional_value(text: Any, convert: Callable[[str], T], option: str) -> T | None:
+    """`one_value`, or None when the option was not given."""
+    return None if text is None else one_value(text, convert, option)
+
+
+def positive_int(text: str) -> int:
+    value = int(text.replace("_", ""))
+    if value <= 0:
+        raise ValueError(text)
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text.replace("_", ""))
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # also refuses nan
+        raise ValueError(text)
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise ValueError(text)
+    return value
+
+
+def fraction(text: str) -> float:
+    """A probability in [0, 1)."""
+    value = float(text)
+    if not 0 <= value < 1:
+        raise ValueError(text)
+    return value
+
+
+def probability(text: str) -> float:
+    """A probability in [0, 1]."""
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise ValueError(text)
+    return value
+
+
+def choice(*allowed: str) -> Callable[[str], str]:
+    def convert(text: str) -> str:
+        if text not in allowed:
+            raise UsageError(f"invalid choice {text!r} (choose from {', '.join(allowed)})")
+        return text
+
+    return convert
+
+
+def yes_no(text: str, option: str) -> bool:
+    if text.lower() not in YES_NO:
+        raise UsageError(f"invalid value {text!r} for {option} (choose yes or no)")
+    return YES_NO[text.lower()]
+
+
+# ---- defaults from the config dataclasses ---------------------------------------------------------------------
+def field_default(config: type, name: str) -> Any:
+    """The default value of field `name` of dataclass `config`."""
+    field = next((f for f in dataclasses.fields(config) if f.name == name), None)
+    if field is None:
+        raise AttributeError(f"{config.__name__} has no field {name!r}")
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    raise AttributeError(f"{config.__name__}.{name} has no default")
+
+
+def config_default(config: type, name: str, show: Callable[[Any], str] | None = None) -> str | None:
+    """The default of field `name` of dataclass `config`, as the text an option would be given (None stays
+    None: "not given"). Tuples become comma lists; `show` formats each value (e.g. sizes as `1K`)."""
+    return _as_text(field_default(config, name), show or _text)
+
+
+def _as_text(value: Any, show: Callable[[Any], str]) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, tuple | list):
+        return ",".join(show(item) for item in value)
+    return show(value)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+# ---- option groups shared by several commands -----------------------------------------------------------------
+def add_output_options(parser: argparse.ArgumentParser, *, resume: bool = True,
+                       formats: Sequence[str] = FORMATS, resume_help: str | None = None) -> None:
+    """`--out`, `--format` and (for commands that sweep) `--resume`."""
+    group = parser.add_argument_group("output")
+    group.add_argument("--out", default=DEFAULT_OUT, help=f"folder for JSON-Lines records (default {DEFAULT_OUT})")
+    group.add_argument("--format", default="table", choices=list(formats), help="how to print results")
+    if resume:
+        group.add_argument("--resume", action="store_true",
+                           help=resume_help or "skip points already recorded in --out")
+
+
+def add_plot_options(parser: argparse.ArgumentParser, default_name: str) -> None:
+    """`--plot PATH` (default `<out>/<default_name>`) and `--no-plot`."""
+    group = parser.add_argument_group("plot")
+    group.add_argument("--plot", default=None, help=f"PNG path (default <out>/{default_name})")
+    group.add_argument("--no-plot", action="store_true", help="do not write the plot")
+
+
+def add_threads_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                       help: str = "CPU intra-op threads (comma list sweeps; default: PyTorch's choice)") -> None:
+    parser.add_argument("--threads", default=None, help=help)
+
+
+def threads_list(args: argparse.Namespace) -> list[int | None]:
+    return [None] if args.threads is None else parse_list(args.threads, positive_int, "--threads")
+
+
+def add_seed_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, config: type,
+                    help: str = "seed for weights and data") -> None:
+    parser.add_argument("--seed", type=int, default=field_default(config, "seed"), help=f"{help} (default %(default)s)")
+
+
+def add_device_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, config: type) -> None:
+    parser.add_argument("--device", default=config_default(config, "device"),
+                        help="auto|cpu|cuda (default %(default)s)")
