@@ -163,8 +163,8 @@ def test_ab_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
 
 def test_ab_verdict_names_the_faster_setup():
     from stepscope.measure.stats import Stats
-    from stepscope.measure.step.config import StepConfig
     from stepscope.measure.step.ab import StepABResult
+    from stepscope.measure.step.config import StepConfig
     from stepscope.measure.timer import ABResult
     from stepscope.spec import get_preset
 

@@ -6,10 +6,10 @@ import random
 import pytest
 import torch
 
-from stepscope.spec.buckets import MiB, bucket_numels, describe, module_entries, plan_buckets
 from stepscope.errors import UsageError
 from stepscope.nn import TransformerLM
 from stepscope.spec import get_preset
+from stepscope.spec.buckets import MiB, bucket_numels, describe, module_entries, plan_buckets
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,14 @@ import numpy as np
 import pytest
 
 from stepscope.distributed.collectives.alpha_beta import fit_alpha_beta, fit_records
-from stepscope.distributed.collectives.ops import (SENTINEL, bandwidths_GBps, busbw_factor, expected_values, input_values,
-                                        layout)
+from stepscope.distributed.collectives.ops import (
+    SENTINEL,
+    bandwidths_GBps,
+    busbw_factor,
+    expected_values,
+    input_values,
+    layout,
+)
 from stepscope.distributed.collectives.points import plan_points
 from stepscope.distributed.collectives.sizes import format_bytes, parse_sizes
 from stepscope.errors import UsageError

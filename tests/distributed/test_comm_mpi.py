@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from stepscope.distributed.launch.mpi import find_mpiexec
-from stepscope.distributed.collectives.rank import FAIL_RANK_ENV
 from stepscope.distributed.collectives.nccl_tests_format import parse_nccl_tests
+from stepscope.distributed.collectives.rank import FAIL_RANK_ENV
+from stepscope.distributed.launch.mpi import find_mpiexec
 from stepscope.results.store import read_records
 
 pytest.importorskip("mpi4py")

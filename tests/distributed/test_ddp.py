@@ -96,7 +96,6 @@ def gathered(tensor):
 
 def recording_hook(state, bucket):
     """One hook for torch DDP and ours: checks the GradBucket API, averages AFTER the sum."""
-    import torch
     import torch.distributed as dist
 
     params, grads, buffer = bucket.parameters(), bucket.gradients(), bucket.buffer()

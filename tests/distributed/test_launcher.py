@@ -9,9 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from stepscope.distributed.launch.launcher import (
+    START_PAUSE_ENV,
+    DistributedError,
+    LaunchConfig,
+    external_launch_env,
+    launch,
+    resolve_backend,
+)
 from stepscope.distributed.launch.ranks import MAX_RANKS_PER_CORE, OVERSUBSCRIBE_ENV, check_local_world
-from stepscope.distributed.launch.launcher import (START_PAUSE_ENV, DistributedError, LaunchConfig, external_launch_env, launch,
-                                     resolve_backend)
 from stepscope.errors import UsageError
 from tests.conftest import STEPSCOPE, subprocess_env
 
@@ -37,7 +43,6 @@ def failing_rank(ctx):
 
 
 def dying_rank(ctx):
-    import torch
     import torch.distributed as dist
 
     if ctx.rank == 0:

@@ -3,9 +3,14 @@
 
 import pytest
 
+from stepscope.distributed.collectives.nccl_tests_format import (
+    format_time_us,
+    import_records,
+    parse_nccl_tests,
+    write_nccl_tests,
+)
 from stepscope.distributed.collectives.points import plan_points
 from stepscope.distributed.collectives.rank import timing_metrics
-from stepscope.distributed.collectives.nccl_tests_format import format_time_us, import_records, parse_nccl_tests, write_nccl_tests
 from stepscope.errors import UsageError
 from stepscope.results.store import make_record, read_records
 

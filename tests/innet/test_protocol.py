@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 
 from stepscope.innet import protocol as p
-from stepscope.innet.quantize import (INT32_MAX, QuantizationError, block_exponents, dequantize, error_bound,
-                                      quantize)
+from stepscope.innet.quantize import INT32_MAX, QuantizationError, block_exponents, dequantize, error_bound, quantize
 
 
 def test_header_is_32_bytes_and_round_trips():

@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from stepscope.errors import UsageError
 from stepscope import innet
+from stepscope.errors import UsageError
 from stepscope.innet import InnetError, InnetJob, JobConfig, log_line
 from stepscope.innet.faults import FaultConfig
 from stepscope.innet.reference import check_result, reference_input

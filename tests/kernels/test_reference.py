@@ -5,8 +5,13 @@ import math
 import pytest
 import torch
 
-from stepscope.kernels.reference import (attention_flops, causal_visible, reference_attention,
-                                         reference_forward_backward, relative_error)
+from stepscope.kernels.reference import (
+    attention_flops,
+    causal_visible,
+    reference_attention,
+    reference_forward_backward,
+    relative_error,
+)
 
 
 def test_flop_convention():

@@ -10,8 +10,7 @@ import stepscope.measure.attention.benchmark as bench
 from stepscope.errors import UsageError
 from stepscope.kernels.flash_torch import DEFAULT_TILES, FlashAttentionTorch, TileSizes
 from stepscope.kernels.reference import attention_flops
-from stepscope.measure.attention.benchmark import AttentionBenchConfig, run_attention_sweep
-from stepscope.measure.attention.benchmark import attention_impl
+from stepscope.measure.attention.benchmark import AttentionBenchConfig, attention_impl, run_attention_sweep
 from stepscope.measure.attention.memory import measure_attention_memory
 from stepscope.measure.attention.plot import plot_attention
 from stepscope.measure.attention.presets import preset_fields

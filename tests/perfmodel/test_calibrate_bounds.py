@@ -14,7 +14,7 @@ import pytest
 from stepscope.perfmodel.calibrate import calibrate
 from stepscope.perfmodel.records import RecordSet, load_records
 from stepscope.spec.system import load_system
-from tests.perfmodel.test_calibrate import KNOTS, TRUE, _BASE, synthetic_points
+from tests.perfmodel.test_calibrate import _BASE, KNOTS, TRUE, synthetic_points
 
 REAL = Path(__file__).parent / "data" / "step_cpu_2core_small_medium.jsonl"
 

@@ -3,8 +3,15 @@
 import pytest
 
 from stepscope.perfmodel import evaluate
-from stepscope.perfmodel.collectives import (all_gather, all_reduce, members_per_domain, p2p, reduce_scatter,
-                                             ring_all_reduce, tree_all_reduce)
+from stepscope.perfmodel.collectives import (
+    all_gather,
+    all_reduce,
+    members_per_domain,
+    p2p,
+    reduce_scatter,
+    ring_all_reduce,
+    tree_all_reduce,
+)
 from stepscope.perfmodel.memory import state_bytes
 from stepscope.perfmodel.timing import bucket_layout, dp_exposed
 from stepscope.spec import Workload, get_preset
@@ -113,8 +120,8 @@ def test_mfu_below_peak_and_hfu_counts_recompute():
 
 def test_gradient_tensors_feed_the_ddp_bucket_planner():
     """GPT-2 small under DDP defaults: 12 buckets of 7,087,872 floats and a last one of 39,385,344."""
-    from stepscope.spec.buckets import bucket_numels, plan_buckets
     from stepscope.perfmodel.evaluate import gradient_tensors
+    from stepscope.spec.buckets import bucket_numels, plan_buckets
 
     spec = get_preset("gpt2")
     workload = Workload(batch=8, seq=1024, precision="fp32", mode="fwd-bwd")

@@ -11,8 +11,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from stepscope.cli.options import (add_output_options, choice, non_negative_float, non_negative_int, parse_list,
-                                   positive_int)
+from stepscope.cli.options import (
+    add_output_options,
+    choice,
+    non_negative_float,
+    non_negative_int,
+    parse_list,
+    positive_int,
+)
 from stepscope.errors import UsageError
 
 _MAIN_COLUMNS = ("impl", "status")
@@ -56,12 +62,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def bench_config(args: argparse.Namespace):
     """The AttentionBenchConfig from the preset (if any) and the options given, validated types."""
+    from stepscope.kernels.reference import PASSES
     from stepscope.measure.attention.benchmark import AttentionBenchConfig
     from stepscope.measure.attention.check import TOLERANCE
-    from stepscope.nn.attention import attention_backends
     from stepscope.measure.attention.presets import preset_fields
     from stepscope.measure.device import resolve_device
-    from stepscope.kernels.reference import PASSES
+    from stepscope.nn.attention import attention_backends
 
     device = resolve_device(args.device)
     fields = preset_fields(args.grid, device.type) if args.grid else {}

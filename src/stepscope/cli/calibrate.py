@@ -40,8 +40,13 @@ def run(args: argparse.Namespace) -> int:
 
     from stepscope.cli.output import Printer
     from stepscope.errors import UsageError
-    from stepscope.perfmodel.calibrate import (DEFAULT_KNOTS_GFLOP, MAX_EFFICIENCY, PRIOR_WEIGHT, calibrate,
-                                               check_max_efficiency)
+    from stepscope.perfmodel.calibrate import (
+        DEFAULT_KNOTS_GFLOP,
+        MAX_EFFICIENCY,
+        PRIOR_WEIGHT,
+        calibrate,
+        check_max_efficiency,
+    )
     from stepscope.perfmodel.compare import compare, summary
     from stepscope.perfmodel.records import load_records, parse_where
     from stepscope.results.environment import base_environment

@@ -67,8 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def build_config(args: argparse.Namespace) -> tuple[Any, list[str]]:
     """The validated CommConfig of the command line (UsageError on any bad value), and notes to print
     (what `--backend auto` chose)."""
-    from stepscope.distributed.collectives.ops import DTYPES, OPS
     from stepscope.distributed.collectives.benchmark import CommConfig, resolve_auto
+    from stepscope.distributed.collectives.ops import DTYPES, OPS
     from stepscope.distributed.collectives.points import MODES, PLACES
     from stepscope.distributed.collectives.sizes import parse_sizes
 
@@ -149,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_import(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.distributed.collectives.ops import OPS
     from stepscope.distributed.collectives.nccl_tests_format import import_records
+    from stepscope.distributed.collectives.ops import OPS
     from stepscope.results.store import RecordStore
 
     op_hint = None if args.op is None else parse_list(args.op, choice(*OPS), "--op")
@@ -176,8 +176,8 @@ def _run_import(args: argparse.Namespace) -> int:
 
 
 def _print_records(fmt: str, printer: Any, side: Any, records: list[dict[str, Any]], *, units: bool = True) -> None:
-    from stepscope.distributed.collectives.report import flat_rows, status_notes, table_blocks, units_note
     from stepscope.distributed.collectives.nccl_tests_format import write_nccl_tests
+    from stepscope.distributed.collectives.report import flat_rows, status_notes, table_blocks, units_note
 
     if fmt == "nccl-tests":
         sys.stdout.write(write_nccl_tests(records))

@@ -81,8 +81,8 @@ def _single(text: str, convert: Any, option: str) -> Any:
 def build_configs(args: argparse.Namespace) -> list[Any]:
     """Every benchmark point of the command line, validated (UsageError on any bad value)."""
     from stepscope.distributed.data_parallel.benchmark import DDPBenchConfig
-    from stepscope.distributed.launch.ranks import check_local_world
     from stepscope.distributed.launch.launcher import external_launch_env
+    from stepscope.distributed.launch.ranks import check_local_world
 
     specs = model_specs(args)
     world = _single(args.world, positive_int, "--world")

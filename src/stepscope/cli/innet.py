@@ -143,7 +143,8 @@ def _register_bench(commands: argparse._SubParsersAction) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.innet.bench import BenchConfig, run_bench as bench
+    from stepscope.innet.bench import BenchConfig
+    from stepscope.innet.bench import run_bench as bench
     from stepscope.results.store import RecordStore
 
     world = _world(args)
@@ -195,7 +196,7 @@ def _register_timeout_profile(commands: argparse._SubParsersAction) -> None:
 
 def run_timeout_profile(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.innet.timeout_profile import ProfileConfig, WORKLOADS, profile_table, run_profile, throughput_table
+    from stepscope.innet.timeout_profile import WORKLOADS, ProfileConfig, profile_table, run_profile, throughput_table
     from stepscope.results.store import RecordStore
 
     world = _world(args)
@@ -368,7 +369,8 @@ def run_train(args: argparse.Namespace) -> int:
     from stepscope.cli.options.model import model_specs
     from stepscope.cli.output import Printer
     from stepscope.innet.faults import StragglerSpec
-    from stepscope.innet.train import DDP_KINDS, TrainConfig, run_train as train
+    from stepscope.innet.train import DDP_KINDS, TrainConfig
+    from stepscope.innet.train import run_train as train
     from stepscope.results.store import RecordStore, make_record
 
     specs = model_specs(args)

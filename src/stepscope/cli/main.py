@@ -10,10 +10,10 @@ import argparse
 import importlib
 import signal
 import sys
-from typing import NoReturn, Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
-from stepscope.errors import DistributedError
-from stepscope.errors import UsageError
+from stepscope.errors import DistributedError, UsageError
 
 COMMANDS = ("step", "profile", "memory", "attention", "comm", "ddp", "predict", "plan", "calibrate", "compare",
             "validate", "innet", "precision", "show", "models")

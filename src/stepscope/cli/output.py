@@ -4,7 +4,8 @@ tables of a profile or memory point; the few words that identify a measured step
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Sequence, TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
 from stepscope.results.views import columns_of, render
 
@@ -53,7 +54,7 @@ class TableEmitter:
         self.printer = printer
         self._csv_rows: list[dict[str, Any]] = []
 
-    def emit(self, tables: Sequence[Table], point: dict[str, Any], title: str) -> None:
+    def emit(self, tables: Sequence[Any], point: dict[str, Any], title: str) -> None:
         if self.printer.fmt in ("table", "md"):
             self.printer.note(title)
             for table in tables:

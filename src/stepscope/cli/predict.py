@@ -6,12 +6,13 @@ Also owns the options shared by the performance-model commands (system, workload
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from stepscope.cli.options import add_output_options, choice, parse_list, positive_int
 from stepscope.cli.options.model import add_model_options, model_specs
 from stepscope.errors import UsageError
-from stepscope.spec import PRECISIONS, MODES
+from stepscope.spec import MODES, PRECISIONS
 
 T = TypeVar("T")
 YES_NO = {"yes": True, "no": False, "true": True, "false": False, "on": True, "off": False}
@@ -135,8 +136,8 @@ def run(args: argparse.Namespace) -> int:
     for spec, plan, workload in jobs:
         layout = None
         if bucket_rule != "size":  # the planner is pure Python; the model only receives bucket sizes
-            from stepscope.spec.buckets import bucket_numels, plan_buckets
             from stepscope.perfmodel.evaluate import gradient_tensors
+            from stepscope.spec.buckets import bucket_numels, plan_buckets
 
             layout = bucket_numels(plan_buckets(gradient_tensors(spec, workload, plan), cap_mb=bucket,
                                                 rule=bucket_rule))

@@ -6,8 +6,15 @@ from __future__ import annotations
 import argparse
 import itertools
 
-from stepscope.cli.options import (add_output_options, add_seed_option, add_threads_option, config_default,
-                                   non_negative_int, positive_int, threads_list)
+from stepscope.cli.options import (
+    add_output_options,
+    add_seed_option,
+    add_threads_option,
+    config_default,
+    non_negative_int,
+    positive_int,
+    threads_list,
+)
 from stepscope.cli.options.model import add_model_options, add_workload_options, workload_grid
 from stepscope.measure.profile.config import STEP_ITERS, STEP_WARMUP, ProfileConfig
 from stepscope.measure.step.config import StepConfig

@@ -6,8 +6,16 @@ from __future__ import annotations
 import argparse
 import itertools
 
-from stepscope.cli.options import (add_output_options, add_seed_option, add_threads_option, config_default,
-                                   non_negative_int, parse_list, positive_int, threads_list)
+from stepscope.cli.options import (
+    add_output_options,
+    add_seed_option,
+    add_threads_option,
+    config_default,
+    non_negative_int,
+    parse_list,
+    positive_int,
+    threads_list,
+)
 from stepscope.cli.options.model import add_model_options, add_workload_options, workload_grid
 from stepscope.measure.step.config import StepConfig
 
@@ -44,8 +52,7 @@ def step_configs(args: argparse.Namespace) -> list[StepConfig]:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer, effective_threads
-    from stepscope.measure.step.benchmark import run_step_sweep
-    from stepscope.measure.step.benchmark import PHASE_COLUMNS
+    from stepscope.measure.step.benchmark import PHASE_COLUMNS, run_step_sweep
     from stepscope.results.views import record_row
 
     configs = step_configs(args)

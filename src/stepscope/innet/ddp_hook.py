@@ -16,7 +16,6 @@ identical.
 # No `from __future__ import annotations` here: torch DDP checks the hook's annotations at registration
 # (the bucket must be annotated dist.GradBucket and the result torch.futures.Future[torch.Tensor]).
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -31,7 +30,7 @@ class InnetHookState:
 
     job: InnetJob
     """This rank's joined job."""
-    k: Optional[int] = None
+    k: int | None = None
     """Fastest-K for the buckets (None = world: wait for every rank)."""
     preemptive: bool = False
     """Complete blocks at K contributions without waiting for the straggler timeout."""

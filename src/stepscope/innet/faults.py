@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from stepscope.errors import UsageError
 
@@ -34,7 +34,7 @@ class StragglerSpec:
     """Inclusive range of steps (0-based) where straggling may happen; None = every step."""
 
     @classmethod
-    def parse(cls, text: str) -> "StragglerSpec":
+    def parse(cls, text: str) -> StragglerSpec:
         """`ranks=1,2;delay=20ms;prob=0.5;steps=3-5` (delay in s, ms or us; steps N or A-B)."""
         fields: dict = {}
         for item in text.split(";"):

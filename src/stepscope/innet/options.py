@@ -5,7 +5,8 @@ their conversion into a validated `JobConfig`. Parsing only; `stepscope.cli.inne
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from stepscope.cli.options import non_negative_int, positive_float, positive_int
 from stepscope.errors import UsageError

@@ -190,7 +190,7 @@ class JoinParams:
         return np.array([self.values_per_packet, self.slots, self.sto_ticks, self.history], dtype="<i4")
 
     @classmethod
-    def from_values(cls, values: np.ndarray) -> "JoinParams":
+    def from_values(cls, values: np.ndarray) -> JoinParams:
         if len(values) < 4:
             raise ProtocolError("join payload too short")
         return cls(*(int(v) for v in values[:4]))

@@ -33,7 +33,7 @@ class CheckResult:
     unchecked: int = 0
     max_abs_error: float = 0.0
 
-    def add(self, other: "CheckResult") -> None:
+    def add(self, other: CheckResult) -> None:
         self.checked += other.checked
         self.wrong += other.wrong
         self.unchecked += other.unchecked

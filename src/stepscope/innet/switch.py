@@ -75,7 +75,7 @@ class Switch:
         self._thread: threading.Thread | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------
-    def start(self) -> "Switch":
+    def start(self) -> Switch:
         """Serve on a background thread (in-process use: tests, notebooks)."""
         self._thread = threading.Thread(target=self.serve_forever, name="innet-switch", daemon=True)
         self._thread.start()
@@ -87,7 +87,7 @@ class Switch:
             self._thread.join(5.0)
         self.sock.close()
 
-    def __enter__(self) -> "Switch":
+    def __enter__(self) -> Switch:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

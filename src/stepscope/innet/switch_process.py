@@ -24,9 +24,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from stepscope.distributed.launch.teardown import stop_processes
 from stepscope.innet.switch import Switch, SwitchConfig
@@ -117,7 +118,7 @@ class SwitchProcess:
         """What the child printed besides its ready line (so far)."""
         return "".join(self._output)
 
-    def start(self) -> "SwitchProcess":
+    def start(self) -> SwitchProcess:
         command = [sys.executable, "-m", "stepscope", "innet", "switch", "--host", self.host, "--port", "0",
                    "--stop-on-stdin-eof", *self.extra_args]
         # start_new_session: the terminal's Ctrl-C is the command's to handle (see the module docstring)
@@ -172,7 +173,7 @@ class SwitchProcess:
                 stream.close()
         return self.output
 
-    def __enter__(self) -> "SwitchProcess":
+    def __enter__(self) -> SwitchProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

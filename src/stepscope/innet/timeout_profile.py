@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 

@@ -19,8 +19,9 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -28,8 +29,8 @@ from stepscope.errors import UsageError
 from stepscope.innet import protocol as p
 from stepscope.innet.faults import FaultConfig
 from stepscope.innet.worker_engine import RECV_BUFFER_BYTES, Engine, EngineSettings
-from stepscope.innet.worker_stream import InnetError
 from stepscope.innet.worker_op import Op
+from stepscope.innet.worker_stream import InnetError
 
 logger = logging.getLogger("stepscope.innet")
 
@@ -141,7 +142,7 @@ def shared_job_id() -> int:
 class Pending:
     """An op in flight; `wait()` returns the reduced tensor (the one passed in, reduced in place)."""
 
-    def __init__(self, job: "InnetJob", op: Op, tensor: Any, finish: Callable[[], None] | None) -> None:
+    def __init__(self, job: InnetJob, op: Op, tensor: Any, finish: Callable[[], None] | None) -> None:
         self.job, self.op, self.tensor, self._finish = job, op, tensor, finish
 
     def done(self) -> bool:
@@ -175,7 +176,7 @@ class InnetJob:
         self._lock = threading.Lock()
 
     # ---- membership ---------------------------------------------------------------------------
-    def join(self, wait_all: bool = True) -> "InnetJob":
+    def join(self, wait_all: bool = True) -> InnetJob:
         """JOIN the switch (creating the job if this rank is first); with `wait_all`, also wait until
         every rank joined, so no result is multicast before everyone can receive it."""
         cfg = self.config
@@ -266,7 +267,7 @@ class InnetJob:
             pass
         engine.sock.close()
 
-    def __enter__(self) -> "InnetJob":
+    def __enter__(self) -> InnetJob:
         return self if self.engine is not None else self.join()
 
     def __exit__(self, *exc: Any) -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ class Op:
         self.finished: float | None = None
         self.error: BaseException | None = None
         self.event = threading.Event()
-        self.callbacks: list[Callable[["Op"], Any]] = []
+        self.callbacks: list[Callable[[Op], Any]] = []
         self._finish_lock = threading.Lock()  # the I/O thread, a sender thread or the caller may finish it
 
     # ---- mapping ---------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ process also see one intra-op thread. The previous setting is restored afterward
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from typing import Callable, Sequence
 
 import torch
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -30,9 +31,9 @@ from stepscope.nn.attention import register_attention
 
 try:  # optional dependency
     import triton
+    from triton.runtime.interpreter import InterpretedFunction
 
     from stepscope.kernels import flash_triton_kernels as kernels
-    from triton.runtime.interpreter import InterpretedFunction
 
     INTERPRETED: bool = isinstance(kernels.flash_fwd_kernel, InterpretedFunction)
     """True when the kernels were built for Triton's CPU interpreter (TRITON_INTERPRET=1 at import)."""

@@ -19,8 +19,9 @@ import bisect
 import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 

@@ -22,7 +22,7 @@ fills, and view ops (reshape, transpose: host time only, no bytes moved).
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 CATEGORIES: tuple[str, ...] = ("matmul", "attention", "softmax", "normalization", "elementwise", "reduction",
                                "memory copy", "optimizer", "communication", "other")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -23,7 +23,7 @@ class Stats:
     p90: float
 
     @classmethod
-    def of(cls, samples: Sequence[float]) -> "Stats":
+    def of(cls, samples: Sequence[float]) -> Stats:
         if len(samples) == 0:
             raise ValueError("no samples")
         x = np.asarray(samples, dtype=np.float64)
@@ -31,7 +31,7 @@ class Stats:
                    median=float(np.median(x)), min=float(x.min()), max=float(x.max()),
                    p10=float(np.percentile(x, 10)), p90=float(np.percentile(x, 90)))
 
-    def scaled(self, factor: float) -> "Stats":
+    def scaled(self, factor: float) -> Stats:
         """The same statistics in another unit (e.g. factor 1e3 for seconds -> milliseconds)."""
         return Stats(self.n, *(v * factor for v in (self.mean, self.std, self.median, self.min, self.max,
                                                       self.p10, self.p90)))

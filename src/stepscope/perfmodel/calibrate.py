@@ -19,9 +19,9 @@ bandwidth, converting each α–β fit of a ring collective over n ranks to per-
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from statistics import median
-from typing import Sequence
 
 import numpy as np
 

@@ -15,7 +15,7 @@ Physical bounds, all enforced by the parameterization rather than checked afterw
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -9,8 +9,8 @@ gives how many members of each group share a fast domain (the same rule as
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Sequence
 
 import numpy as np
 
@@ -75,7 +75,7 @@ class Candidates:
             return self.layout
         return members_per_domain(self.sizes, self.placement, domain_size)
 
-    def subset(self, mask: np.ndarray) -> "Candidates":
+    def subset(self, mask: np.ndarray) -> Candidates:
         """The candidates where `mask` is true (fancy indexing works too)."""
         arrays = {f.name: getattr(self, f.name)[mask] for f in fields(self) if isinstance(getattr(self, f.name),
                                                                                           np.ndarray)}
@@ -94,7 +94,7 @@ class Candidates:
                             tp_overlap=self.tp_overlap, placement=PLACEMENTS[int(self.placement[i])])
 
     @classmethod
-    def from_plans(cls, plans: Sequence[ParallelPlan]) -> "Candidates":
+    def from_plans(cls, plans: Sequence[ParallelPlan]) -> Candidates:
         """Arrays from ParallelPlans that share the scalar switches (dropout, fp32_grads, overlaps)."""
         first = plans[0]
         for plan in plans:

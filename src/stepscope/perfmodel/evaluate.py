@@ -11,14 +11,22 @@ forward pass, fwd-bwd forward + backward, train adds the optimizer step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from stepscope.perfmodel.collectives import collective_time, members_per_domain, p2p
 from stepscope.perfmodel.memory import GiB, Memory, grad_bytes, memory, stage_params
 from stepscope.perfmodel.ops import Geometry, Op, embedding_ops, head_ops, layer_ops
-from stepscope.perfmodel.timing import (DEFAULT_BUCKET_MIB, bubble, bucket_layout, dp_exposed, exposed, op_time,
-                                        optimizer_time)
+from stepscope.perfmodel.timing import (
+    DEFAULT_BUCKET_MIB,
+    bubble,
+    bucket_layout,
+    dp_exposed,
+    exposed,
+    op_time,
+    optimizer_time,
+)
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
 from stepscope.spec.plan import DIMENSIONS, ParallelPlan
 from stepscope.spec.system import SystemSpec
@@ -36,10 +44,10 @@ class Span:
     def total_s(self) -> float:
         return self.compute_s + self.tp_s + self.cp_s
 
-    def __add__(self, other: "Span") -> "Span":
+    def __add__(self, other: Span) -> Span:
         return Span(self.compute_s + other.compute_s, self.tp_s + other.tp_s, self.cp_s + other.cp_s)
 
-    def __mul__(self, factor: float) -> "Span":
+    def __mul__(self, factor: float) -> Span:
         return Span(self.compute_s * factor, self.tp_s * factor, self.cp_s * factor)
 
 

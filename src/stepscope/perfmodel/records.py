@@ -13,10 +13,11 @@ JSON (no torch). Records that are not `ok`, or lack the fields a point needs, ar
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from stepscope.errors import UsageError
 from stepscope.results.store import read_records

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -116,7 +117,7 @@ class _Rows:
     def __init__(self, **arrays: np.ndarray) -> None:
         self.__dict__.update(arrays)
 
-    def take(self, mask: np.ndarray) -> "_Rows":
+    def take(self, mask: np.ndarray) -> _Rows:
         return _Rows(**{k: v[mask] for k, v in self.__dict__.items()})
 
     def example(self, i: int) -> ParallelPlan:

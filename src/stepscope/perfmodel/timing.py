@@ -16,8 +16,8 @@ overlap and the optimizer step (scalar reference; `vectorized.py` has the array 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from stepscope.perfmodel.ops import Cost
 from stepscope.spec.system import Accelerator

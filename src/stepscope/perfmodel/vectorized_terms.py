@@ -42,7 +42,7 @@ class Machine:
     inter_lat: float
 
     @classmethod
-    def of(cls, system: SystemSpec, precision: str) -> "Machine":
+    def of(cls, system: SystemSpec, precision: str) -> Machine:
         acc, net = system.accelerator, system.network
         knots = acc.matrix_efficiency_by_GFLOP
         optimizer_peak = acc.vector_peak("fp32") if "fp32" in acc.vector_TFLOPps else acc.vector_peak(precision)

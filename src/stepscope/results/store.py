@@ -15,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from stepscope.errors import UsageError
 from stepscope.results.files import check_results_folder
@@ -51,7 +52,7 @@ class RecordStore:
         self.kind = kind
         self.path = Path(out_dir) / f"{kind}.jsonl"
 
-    def check_writable(self) -> "RecordStore":
+    def check_writable(self) -> RecordStore:
         """Create the folder and prove the file can be appended to, before any work is done."""
         check_results_folder(self.path.parent)
         try:

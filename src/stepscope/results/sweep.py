@@ -7,8 +7,9 @@ Ctrl-C propagates (KeyboardInterrupt) after the finished points are safely on di
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 from stepscope.results.store import RecordStore, make_record, point_key
 

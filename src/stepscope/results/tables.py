@@ -7,9 +7,10 @@ config is the point's config plus the columns that identify the row (`keys`); th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from stepscope.results.store import RecordStore, make_record
 

@@ -10,7 +10,8 @@ import csv
 import io
 import json
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from stepscope.errors import UsageError
 
@@ -81,9 +82,9 @@ def _numeric(rows: Sequence[dict[str, Any]], column: str) -> bool:
 
 def _rich_table(rows: Sequence[dict[str, Any]], columns: list[str], cells: list[list[str]], title: str | None,
                 width: int | None) -> str:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
-    from rich import box
 
     table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     for column in columns:

@@ -23,8 +23,9 @@ Two rules:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from stepscope.errors import UsageError
 

@@ -102,7 +102,7 @@ class ModelSpec:
         """Width of the K (or V) projection output: n_kv_heads x head_dim."""
         return self.n_kv_heads * self.head_dim  # type: ignore[operator]
 
-    def replace(self, **changes: Any) -> "ModelSpec":
+    def replace(self, **changes: Any) -> ModelSpec:
         """A copy with some fields changed (validated again)."""
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
         if unknown:

@@ -12,8 +12,9 @@ default ("tp", "cp", "dp", "pp") keeps tensor-parallel groups inside an NVLink d
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from stepscope.errors import UsageError
 
@@ -97,7 +98,7 @@ class ParallelPlan:
         """Micro-batches each pipeline processes per step (gradient-accumulation steps)."""
         return global_batch // (self.dp * self.micro_batch)
 
-    def replace(self, **changes: Any) -> "ParallelPlan":
+    def replace(self, **changes: Any) -> ParallelPlan:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
@@ -109,13 +110,13 @@ class ParallelPlan:
 
     def describe(self) -> str:
         """One line, e.g. `dp8 tp8 pp16 cp1 mb1 sp zero1 recompute selective v2`."""
-        extras = [f"sp" if self.sequence_parallel else "", f"zero{self.zero}" if self.zero else "",
+        extras = ["sp" if self.sequence_parallel else "", f"zero{self.zero}" if self.zero else "",
                   f"recompute {self.recompute}" if self.recompute != "none" else "",
                   f"v{self.interleave}" if self.interleave > 1 else "", "" if self.flash_attention else "no-flash"]
         return (f"dp{self.dp} tp{self.tp} pp{self.pp} cp{self.cp} mb{self.micro_batch} "
                 + " ".join(e for e in extras if e)).strip()
 
-    def check(self, model: Any, global_batch: int, seq: int, gpus: int | None = None) -> "ParallelPlan":
+    def check(self, model: Any, global_batch: int, seq: int, gpus: int | None = None) -> ParallelPlan:
         """Raise UsageError naming the first broken rule; returns self so calls can chain."""
         if gpus is not None and self.gpus != gpus:
             raise UsageError(f"dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = {self.gpus} "
@@ -139,7 +140,7 @@ class Facts:
     seq: int
 
     @classmethod
-    def of(cls, model: Any, global_batch: int, seq: int) -> "Facts":
+    def of(cls, model: Any, global_batch: int, seq: int) -> Facts:
         return cls(model.n_heads, model.n_kv_heads, model.d_ff, model.n_layers, global_batch, seq)
 
 

@@ -139,7 +139,7 @@ class SystemSpec:
     description: str = ""
     """Where the numbers come from."""
 
-    def replace(self, **changes: Any) -> "SystemSpec":
+    def replace(self, **changes: Any) -> SystemSpec:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
 

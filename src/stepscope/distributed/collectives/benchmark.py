@@ -13,8 +13,9 @@ stored records of a request's points, earlier runs included, for a resumed sweep
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from stepscope.distributed.collectives.backends import check_backend
 from stepscope.distributed.collectives.ops import DTYPES, OPS, ROOTED_OPS
@@ -180,8 +181,8 @@ def run_job(job: Job, config: CommConfig, store: RecordStore | None, *, resume: 
         result.records = outcome.records
         result.tallies = [merge(t) if t else None for t in outcome.tallies]
         return result
-    from stepscope.distributed.launch.launcher import LaunchConfig, launch
     from stepscope.distributed.collectives.torch_rank import TorchRankOptions, comm_rank
+    from stepscope.distributed.launch.launcher import LaunchConfig, launch
 
     launcher_backend, group_backend = TORCH_BACKENDS[job.backend]
     options = TorchRankOptions(out_dir=out_dir, tally=config.tally, group_backend=group_backend, label=job.backend,

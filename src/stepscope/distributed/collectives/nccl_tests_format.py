@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from stepscope.distributed.collectives.ops import NCCL_TYPE_NAMES, REDUCING_OPS, ROOTED_OPS, comm_dtype
 from stepscope.errors import UsageError

@@ -7,8 +7,9 @@ present. matplotlib Agg only.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from stepscope.distributed.collectives.alpha_beta import headline_time_us
 

@@ -5,8 +5,9 @@ stored under, and the grid a request expands to, with nccl-tests-style rounding 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from stepscope.distributed.collectives.ops import CHUNKED_OPS, ROOTED_OPS, Layout, layout
 from stepscope.distributed.collectives.sizes import format_bytes

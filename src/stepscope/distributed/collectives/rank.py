@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from stepscope.distributed.collectives.ops import bandwidths_GBps
 from stepscope.distributed.collectives.points import CommPoint

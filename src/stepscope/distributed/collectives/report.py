@@ -6,7 +6,8 @@ one-line notes for unsupported, oom and mismatching points. Views only: the reco
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from stepscope.distributed.collectives.alpha_beta import headline_time_us
 from stepscope.distributed.collectives.ops import REDUCING_OPS

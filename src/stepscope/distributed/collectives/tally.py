@@ -20,7 +20,8 @@ import socket
 import threading
 import time
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 HOST, DEVICE, MEMORY = "host", "device", "memory"
 _WORK_PREFIXES = ("gloo:", "nccl:", "ccl:", "mpi:", "ucc:")

@@ -16,8 +16,9 @@ import contextlib
 import datetime as dt
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from stepscope.distributed.data_parallel import VARIANTS, DataParallel
-from stepscope.distributed.data_parallel.torch_ddp import torch_ddp
 from stepscope.distributed.data_parallel.memory import MiB, memory_split
-from stepscope.distributed.launch.launcher import RankContext
 from stepscope.distributed.data_parallel.sharded_optimizer import ShardedOptimizer
+from stepscope.distributed.data_parallel.torch_ddp import torch_ddp
+from stepscope.distributed.launch.launcher import RankContext
 from stepscope.measure.device import synchronize
 from stepscope.measure.timer import interleaved_rounds
 from stepscope.measure.training import TrainingStep, transformer_step
@@ -204,15 +205,15 @@ def allreduce_sizes(dtype: torch.dtype, device: torch.device, repeats: int) -> d
     for nbytes in ALPHA_BETA_BYTES:
         tensor = torch.ones(nbytes // element, dtype=dtype, device=device)
         burst = max(1, min(20, (16 << 20) // nbytes))
-
-        def calls() -> None:
-            for _ in range(burst):
-                dist.all_reduce(tensor)
-
         dist.all_reduce(tensor)
-        out[nbytes] = [timed(device, calls)[0] / burst for _ in range(repeats)]
+        out[nbytes] = [timed(device, lambda: _all_reduces(tensor, burst))[0] / burst for _ in range(repeats)]
         del tensor
     return out
+
+
+def _all_reduces(tensor: torch.Tensor, calls: int) -> None:
+    for _ in range(calls):
+        dist.all_reduce(tensor)
 
 
 def bench_rank(ctx: RankContext, config: Any) -> dict[str, Any]:

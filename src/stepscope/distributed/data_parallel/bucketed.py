@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from stepscope.spec.buckets import plan_buckets
 from stepscope.distributed.data_parallel.base import DataParallel
 from stepscope.distributed.data_parallel.hooks import GradBucket
+from stepscope.spec.buckets import plan_buckets
 
 
 class DDPBucketed(DataParallel):

@@ -9,7 +9,8 @@ function can be registered on `torch.nn.parallel.DistributedDataParallel` and on
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

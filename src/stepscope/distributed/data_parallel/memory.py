@@ -8,7 +8,8 @@ optimizer step). Communication buffers a wrapper keeps across steps count as gra
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn

@@ -8,10 +8,10 @@ matplotlib Agg only (files, never a window).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from stepscope.distributed.data_parallel.benchmark import MiB, DDPBenchResult, model_label
+from stepscope.distributed.data_parallel.benchmark import DDPBenchResult, MiB, model_label
 
 _STYLES = {"naive": ":", "flat": "--", "individual": "-.", "compute": "-"}
 

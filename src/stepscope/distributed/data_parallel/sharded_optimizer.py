@@ -20,7 +20,8 @@ rank's shard, indexed like the full optimizer's, and `load_state_dict` restores 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist

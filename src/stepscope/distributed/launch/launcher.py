@@ -32,8 +32,9 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from stepscope.distributed.launch.ranks import check_local_world, external_launch_env
 from stepscope.distributed.launch.teardown import stop_processes

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from stepscope.errors import UsageError
 

@@ -9,8 +9,8 @@ reference's gradients exact while it only computes those rows (dQ, dK, dV are ch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -18,8 +18,8 @@ backward peak includes what the forward left alive for it. A small helper of the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch.profiler import record_function
@@ -63,7 +63,7 @@ class SavedTensorBytes:
         self.storages[storage.data_ptr()] = storage.nbytes()
         return tensor
 
-    def __enter__(self) -> "SavedTensorBytes":
+    def __enter__(self) -> SavedTensorBytes:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
         self._hooks.__enter__()
         return self

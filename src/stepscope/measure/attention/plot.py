@@ -9,8 +9,9 @@ its check) at the next length. Rendered to a file, no display needed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 _PASS_METRIC = {"fwd": "fwd_ms_median", "bwd": "bwd_ms_median", "fwd-bwd": "fwd_bwd_ms_median"}
 _MARKERS = "os^Dv<>p*h"

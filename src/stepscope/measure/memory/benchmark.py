@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 

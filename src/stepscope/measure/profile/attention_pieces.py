@@ -18,7 +18,8 @@ time (CPU) or its kernels' device time (CUDA).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from stepscope.measure.profile.events import PhaseRange
 from stepscope.results.tables import Table

@@ -18,8 +18,9 @@ so the multiplies of a composite RMSNorm stay normalization in the backward pass
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from stepscope.measure.categories import (
     EVALUATE_PREFIX,
@@ -92,7 +93,7 @@ def attribute_work(events: Sequence[Any], device_type: str = "cpu") -> list[Work
     return _host_work(events, phase_of, classifier)
 
 
-def _host_work(events: Sequence[Any], phase_of: _PhaseLookup, classifier: "_Classifier") -> list[Work]:
+def _host_work(events: Sequence[Any], phase_of: _PhaseLookup, classifier: _Classifier) -> list[Work]:
     """Every host op's self time inside a phase range (the ranges' own time is not op time)."""
     work = []
     for event in events:
@@ -107,7 +108,7 @@ def _host_work(events: Sequence[Any], phase_of: _PhaseLookup, classifier: "_Clas
     return work
 
 
-def _kernel_work(events: Sequence[Any], phase_of: _PhaseLookup, classifier: "_Classifier") -> list[Work]:
+def _kernel_work(events: Sequence[Any], phase_of: _PhaseLookup, classifier: _Classifier) -> list[Work]:
     """Every kernel's device time, in the phase and category of the op that launched it."""
     # kernels link to the correlation id of the frontend op that launched them (linked id 0 itself);
     # runtime calls such as cudaLaunchKernel carry ids from another counter, so they are left out

@@ -13,7 +13,7 @@ All times are per step: the profiler's active steps are summed and divided by th
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from stepscope.measure.categories import CATEGORIES
 from stepscope.measure.profile.events import (

@@ -11,8 +11,9 @@ Derived metrics (formulas visible on purpose):
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
