@@ -10,7 +10,8 @@ import stepscope.measure.attention.benchmark as bench
 from stepscope.errors import UsageError
 from stepscope.kernels.flash_torch import DEFAULT_TILES, FlashAttentionTorch, TileSizes
 from stepscope.kernels.reference import attention_flops
-from stepscope.measure.attention.benchmark import AttentionBenchConfig, attention_impl, run_attention_sweep
+from stepscope.measure.attention.benchmark import attention_impl, run_attention_sweep
+from stepscope.measure.attention.config import AttentionBenchConfig
 from stepscope.measure.attention.memory import measure_attention_memory
 from stepscope.measure.attention.plot import plot_attention
 from stepscope.measure.attention.presets import preset_fields
@@ -26,7 +27,7 @@ def statuses(outcome):
 
 def test_tiny_sweep_writes_well_formed_records(tmp_path):
     config = AttentionBenchConfig(**TINY, check_rows=32)
-    outcome = run_attention_sweep(config, RecordStore(tmp_path, "attention"))
+    outcome = run_attention_sweep(config, tmp_path)
     assert statuses(outcome) == [(seq, impl, "ok") for seq in (48, 80) for impl in TINY["impls"]]
     assert RecordStore(tmp_path, "attention").records() == outcome.records
     for record in outcome.records:
@@ -98,8 +99,8 @@ def test_out_of_memory_and_errors_become_rows_and_the_sweep_goes_on(monkeypatch)
 
 def test_resume_measures_only_missing_points(tmp_path):
     store = RecordStore(tmp_path, "attention")
-    run_attention_sweep(AttentionBenchConfig(**{**TINY, "seq": (48,)}), store)
-    outcome = run_attention_sweep(AttentionBenchConfig(**TINY), store, resume=True)
+    run_attention_sweep(AttentionBenchConfig(**{**TINY, "seq": (48,)}), tmp_path)
+    outcome = run_attention_sweep(AttentionBenchConfig(**TINY), tmp_path, resume=True)
     assert outcome.skipped == 3 and statuses(outcome) == [(80, impl, "ok") for impl in TINY["impls"]]
     assert len(store.records()) == 6
 

@@ -12,20 +12,29 @@ import argparse
 from pathlib import Path
 
 from stepscope.cli.options import (
+    add_device_option,
     add_output_options,
+    add_plot_options,
+    add_seed_option,
     choice,
+    config_default,
+    field_default,
     non_negative_float,
     non_negative_int,
+    one_value,
     parse_list,
     positive_int,
 )
-from stepscope.errors import UsageError
+from stepscope.measure.attention.config import TOLERANCE, AttentionBenchConfig
 
 _MAIN_COLUMNS = ("impl", "status")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from stepscope.measure.attention.presets import PRESETS
+
+    def default(name: str) -> str | None:
+        return config_default(AttentionBenchConfig, name)
 
     grids = "; ".join(f"{name}: {preset.description}" for name, preset in PRESETS.items())
     parser = subparsers.add_parser(
@@ -34,47 +43,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "and measure peak memory. Comma lists sweep; options given override the --grid preset.")
     parser.add_argument("--grid", default=None, help=f"preset sweep ({grids})")
     parser.add_argument("--impl", default=None,
-                        help="comma list of naive,sdpa,compiled,flash-torch,flash-triton "
-                             "(default naive,sdpa,flash-torch)")
+                        help=f"comma list of naive,sdpa,compiled,flash-torch,flash-triton (default {default('impls')})")
     sizes = parser.add_argument_group("problem (comma lists sweep)")
-    sizes.add_argument("--batch", default=None, help="batch sizes (default 8)")
-    sizes.add_argument("--heads", default=None, help="heads (default 1)")
-    sizes.add_argument("--seq", default=None, help="sequence lengths (default 1024)")
-    sizes.add_argument("--dim", default=None, help="head dimensions (default 64)")
-    sizes.add_argument("--dtype", default=None, help="fp32, bf16, fp16 (default fp32)")
+    sizes.add_argument("--batch", default=None, help=f"batch sizes (default {default('batch')})")
+    sizes.add_argument("--heads", default=None, help=f"heads (default {default('heads')})")
+    sizes.add_argument("--seq", default=None, help=f"sequence lengths (default {default('seq')})")
+    sizes.add_argument("--dim", default=None, help=f"head dimensions (default {default('dim')})")
+    sizes.add_argument("--dtype", default=None, help=f"fp32, bf16, fp16 (default {default('dtype')})")
+    causal = "on" if field_default(AttentionBenchConfig, "causal")[0] else "off"
     sizes.add_argument("--causal", default=None, action=argparse.BooleanOptionalAction,
-                       help="causal mask, top-left aligned (default: off)")
-    sizes.add_argument("--pass", dest="passes", default=None, help="fwd, bwd, fwd-bwd (default all three)")
+                       help=f"causal mask, top-left aligned (default: {causal})")
+    sizes.add_argument("--pass", dest="passes", default=None,
+                       help=f"fwd, bwd, fwd-bwd (default {default('passes')})")
     run = parser.add_argument_group("measurement")
-    run.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto)")
-    run.add_argument("--warmup", default=None, help="untimed rounds after the check and memory runs (default 1)")
-    run.add_argument("--iters", default=None, help="timed rounds (default 5)")
+    add_device_option(run, AttentionBenchConfig)
+    run.add_argument("--warmup", default=None,
+                     help=f"untimed rounds after the check and memory runs (default {default('warmup')})")
+    run.add_argument("--iters", default=None, help=f"timed rounds (default {default('iters')})")
     run.add_argument("--threads", default=None, help="CPU intra-op threads (default: PyTorch's choice)")
-    run.add_argument("--check-rows", default=None, help="query rows checked against fp64 at long sequences (256)")
-    run.add_argument("--seed", type=int, default=0, help="seed of q, k, v and dO")
-    run.add_argument("--startup", default=None,
-                     help="seconds of warm-up on a tiny problem before the first point (default 1)")
-    run.add_argument("--plot", default=None, help="PNG path (default <out>/attention-<grid|sweep>.png)")
-    run.add_argument("--no-plot", action="store_true", help="do not write the plot")
+    run.add_argument("--check-rows", default=None,
+                     help=f"query rows checked against fp64 at long sequences ({default('check_rows')})")
+    add_seed_option(run, AttentionBenchConfig, help="seed of q, k, v and dO")
+    run.add_argument("--startup", default=None, help="seconds of warm-up on a tiny problem before the first point "
+                                                      f"(default {default('startup_s')})")
+    add_plot_options(parser, "attention-<grid|sweep>.png, written when more than one --seq is swept")
     add_output_options(parser)
     parser.set_defaults(func=run_command)
 
 
-def bench_config(args: argparse.Namespace):
-    """The AttentionBenchConfig from the preset (if any) and the options given, validated types."""
+def bench_config(args: argparse.Namespace) -> AttentionBenchConfig:
+    """The AttentionBenchConfig from the preset (if any) and the options given (types checked here, the rest
+    by `validate`)."""
     from stepscope.kernels.reference import PASSES
-    from stepscope.measure.attention.benchmark import AttentionBenchConfig
-    from stepscope.measure.attention.check import TOLERANCE
     from stepscope.measure.attention.presets import preset_fields
     from stepscope.measure.device import resolve_device
     from stepscope.nn.attention import attention_backends
 
     device = resolve_device(args.device)
     fields = preset_fields(args.grid, device.type) if args.grid else {}
-    lists = {"impls": ("--impl", args.impl, choice(*attention_backends())), "batch": ("--batch", args.batch, positive_int),
-             "heads": ("--heads", args.heads, positive_int), "seq": ("--seq", args.seq, positive_int),
-             "dim": ("--dim", args.dim, positive_int), "dtype": ("--dtype", args.dtype, choice(*TOLERANCE)),
-             "passes": ("--pass", args.passes, choice(*PASSES))}
+    lists = {"impls": ("--impl", args.impl, choice(*attention_backends())),
+             "batch": ("--batch", args.batch, positive_int), "heads": ("--heads", args.heads, positive_int),
+             "seq": ("--seq", args.seq, positive_int), "dim": ("--dim", args.dim, positive_int),
+             "dtype": ("--dtype", args.dtype, choice(*TOLERANCE)), "passes": ("--pass", args.passes, choice(*PASSES))}
     for name, (option, text, convert) in lists.items():
         if text is not None:
             fields[name] = tuple(dict.fromkeys(parse_list(text, convert, option)))
@@ -86,25 +96,8 @@ def bench_config(args: argparse.Namespace):
                                         ("check_rows", "--check-rows", args.check_rows, positive_int),
                                         ("startup_s", "--startup", args.startup, non_negative_float)):
         if text is not None:
-            values = parse_list(text, convert, option)
-            if len(values) != 1:
-                raise UsageError(f"{option} takes one value, got {text!r}")
-            fields[name] = values[0]
+            fields[name] = one_value(text, convert, option)
     return AttentionBenchConfig(device=args.device, seed=args.seed, **fields)
-
-
-
-
-def plot_path(args: argparse.Namespace, grid: str | None) -> Path:
-    """Where the PNG goes; its folder must be creatable (checked before any work)."""
-    path = Path(args.plot) if args.plot else Path(args.out) / f"attention-{grid or 'sweep'}.png"
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise UsageError(f"--plot must end in .png, .svg or .pdf, got {str(path)!r}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(f"cannot write the plot to {path}: {error.strerror or error}") from None
-    return path
 
 
 def point_rows(records: list[dict], passes: tuple[str, ...], fmt: str) -> list[dict]:
@@ -137,12 +130,11 @@ def point_rows(records: list[dict], passes: tuple[str, ...], fmt: str) -> list[d
 def run_command(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
     from stepscope.measure.attention.benchmark import run_attention_sweep
-    from stepscope.results.store import RecordStore, point_key
 
     config = bench_config(args)
-    config.validate()
-    store = RecordStore(args.out, "attention").check_writable()
-    plot = None if args.no_plot or (len(config.seq) < 2 and not args.plot) else plot_path(args, config.grid)
+    plot = None
+    if not args.no_plot and (len(config.seq) > 1 or args.plot):
+        plot = args.plot or Path(args.out) / f"attention-{config.grid or 'sweep'}.png"
     printer = Printer(args.format)
 
     def show(point, records) -> None:
@@ -154,17 +146,10 @@ def run_command(args: argparse.Namespace) -> int:
             columns = every
         printer.emit(rows, title=point.label() + f" (threads {records[0]['env'].get('threads')})", columns=columns)
 
-    outcome = run_attention_sweep(config, store, resume=args.resume, on_point=show)
+    outcome = run_attention_sweep(config, args.out, resume=args.resume, plot=plot, on_point=show)
     if outcome.skipped:
-        printer.note(f"skipped {outcome.skipped} record(s) already in {store.path} (--resume)")
-    printer.note(f"records: {store.path}")
-    if plot is not None:
-        from stepscope.measure.attention.plot import plot_attention
-
-        # every record of this sweep's points, also those a --resume skipped
-        keys = {point_key("attention", config.record_config(point, impl))
-                for point in config.points() for impl in config.impls}
-        records = [r for r in store.records() if r.get("key") in keys]
-        if any(r["status"] == "ok" for r in records):
-            printer.note(f"plot: {plot_attention(records, plot)}")
+        printer.note(f"skipped {outcome.skipped} record(s) already in {args.out}/attention.jsonl (--resume)")
+    printer.note(f"records: {args.out}/attention.jsonl")
+    if outcome.plot is not None:
+        printer.note(f"plot: {outcome.plot}")
     return 0

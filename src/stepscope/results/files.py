@@ -58,9 +58,9 @@ def check_writable_dir(path: str | os.PathLike, what: str) -> Path:
     return path
 
 
-def plot_path(plot: str | os.PathLike | None, out_dir: str | os.PathLike, default_name: str) -> Path:
-    """Where a command's plot goes (`plot`, else `<out_dir>/<default_name>`), proven writable now."""
-    path = Path(plot) if plot is not None else Path(out_dir) / default_name
+def check_plot_file(path: str | os.PathLike) -> Path:
+    """A plot's path: a format matplotlib writes (PNG, SVG, PDF), proven writable now (UsageError if not)."""
+    path = Path(path)
     if path.suffix.lower() not in PLOT_SUFFIXES:
         raise UsageError(f"--plot must end in {', '.join(PLOT_SUFFIXES)}, got {str(path)!r}")
     return check_writable_file(path, "the plot")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from stepscope.results.store import RecordStore, make_record, point_key
@@ -18,10 +19,12 @@ P = TypeVar("P")
 
 @dataclass
 class SweepOutcome:
-    """What a sweep did: records written (in order) and keys skipped because they were done already."""
+    """What a sweep did: records written (in order), keys skipped because they were done already, and the plot
+    it drew (if it draws one)."""
 
     records: list[dict[str, Any]] = field(default_factory=list)
     skipped: int = 0
+    plot: Path | None = None
 
 
 @dataclass

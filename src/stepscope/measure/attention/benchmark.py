@@ -19,8 +19,7 @@ point are measured together, this runs its own loop per point instead of `result
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,121 +28,31 @@ from typing import Any
 import numpy as np
 import torch
 
-from stepscope.errors import UsageError
-from stepscope.kernels.reference import PASSES, attention_flops
-from stepscope.measure.attention.check import (
-    OWN_IMPLS,
-    TOLERANCE,
-    AttentionPoint,
-    AttentionProblem,
-    check_correctness,
-)
+from stepscope.kernels.reference import attention_flops
+from stepscope.measure.attention.check import AttentionProblem, check_correctness
+from stepscope.measure.attention.config import OWN_IMPLS, AttentionBenchConfig, AttentionPoint
 from stepscope.measure.attention.memory import measure_attention_memory
 from stepscope.measure.device import (
     DTYPES,
     cpu_threads,
     is_out_of_memory,
     release_memory,
-    resolve_device,
 )
 from stepscope.measure.environment import torch_environment
 from stepscope.measure.stats import Stats
 from stepscope.measure.timer import PhaseClock, interleaved_rounds
 from stepscope.nn.attention import (
     AttentionFn,
-    attention_backends,
     get_attention,
     unsupported_reason,
 )
+from stepscope.results.files import check_plot_file
 from stepscope.results.store import RecordStore, make_record, point_key
 from stepscope.results.sweep import SweepOutcome
 
 BASELINES = ("sdpa", "naive")
 """Every implementation's time is also reported as a ratio to these (when they ran)."""
 _PREFIX = {"fwd": "fwd", "bwd": "bwd", "fwd-bwd": "fwd_bwd"}
-
-
-@dataclass(frozen=True)
-class AttentionBenchConfig:
-    """A sweep: the cartesian product of the listed sizes, each point run by every implementation."""
-
-    impls: tuple[str, ...] = ("naive", "sdpa", "flash-torch")
-    """Implementations to compare (the attention backends of `stepscope.nn.attention`)."""
-    batch: tuple[int, ...] = (8,)
-    """Batch sizes."""
-    heads: tuple[int, ...] = (1,)
-    """Heads per sequence."""
-    seq: tuple[int, ...] = (1024,)
-    """Sequence lengths (queries = keys)."""
-    dim: tuple[int, ...] = (64,)
-    """Head dimensions."""
-    dtype: tuple[str, ...] = ("fp32",)
-    """Input dtypes: fp32, bf16, fp16."""
-    causal: tuple[bool, ...] = (False,)
-    """Causal mask (top-left aligned) or none."""
-    passes: tuple[str, ...] = ("fwd", "bwd", "fwd-bwd")
-    """What to time: fwd, bwd (after an untimed forward), fwd-bwd."""
-    device: str = "auto"
-    """auto, cpu or cuda."""
-    warmup: int = 1
-    """Untimed rounds after the correctness and memory runs (which warm up too)."""
-    iters: int = 5
-    """Timed rounds (every implementation runs once per round)."""
-    threads: int | None = None
-    """CPU intra-op threads (None: PyTorch's default)."""
-    check_rows: int = 256
-    """Query rows checked against fp64 when seq is longer (all rows otherwise)."""
-    startup_s: float = 1.0
-    """Seconds of warm-up on a tiny problem before the first point (a process's first seconds are slow)."""
-    seed: int = 0
-    """Seed of the random q, k, v and dO."""
-    grid: str | None = None
-    """Name of the preset this sweep came from, if any."""
-
-    def points(self) -> list[AttentionPoint]:
-        return [AttentionPoint(*values) for values in itertools.product(
-            self.batch, self.heads, self.seq, self.dim, self.dtype, self.causal)]
-
-    @property
-    def needs_backward(self) -> bool:
-        return any(p in ("bwd", "fwd-bwd") for p in self.passes)
-
-    def validate(self) -> torch.device:
-        """Check everything before any work (UsageError); returns the device."""
-        device = resolve_device(self.device)
-        for name, values in (("impls", self.impls), ("batch", self.batch), ("heads", self.heads), ("seq", self.seq),
-                             ("dim", self.dim), ("dtype", self.dtype), ("causal", self.causal),
-                             ("passes", self.passes)):
-            if not values:
-                raise UsageError(f"attention benchmark needs at least one value for {name}")
-        for name in ("batch", "heads", "seq", "dim"):
-            bad = [v for v in getattr(self, name) if isinstance(v, bool) or not isinstance(v, int) or v <= 0]
-            if bad:
-                raise UsageError(f"{name} must be positive integers, got {bad[0]!r}")
-        for impl in self.impls:
-            if impl not in attention_backends():
-                raise UsageError(f"unknown implementation {impl!r}; choose from {', '.join(attention_backends())}")
-            problem = unsupported_reason(impl, device)  # unusable on this machine whatever the point
-            if problem:
-                raise UsageError(problem)
-        for dtype in self.dtype:
-            if dtype not in TOLERANCE:
-                raise UsageError(f"invalid dtype {dtype!r} (choose from {', '.join(TOLERANCE)})")
-        for pass_ in self.passes:
-            if pass_ not in PASSES:
-                raise UsageError(f"invalid pass {pass_!r} (choose from {', '.join(PASSES)})")
-        if self.warmup < 0 or self.iters <= 0 or self.check_rows <= 0 or self.startup_s < 0:
-            raise UsageError(f"need warmup >= 0, iters > 0, check_rows > 0 and startup_s >= 0, got {self.warmup}, "
-                             f"{self.iters}, {self.check_rows}, {self.startup_s}")
-        if self.threads is not None and self.threads <= 0:
-            raise UsageError(f"threads must be positive, got {self.threads}")
-        return device
-
-    def record_config(self, point: AttentionPoint, impl: str) -> dict[str, Any]:
-        """The record's configuration (also its resume key)."""
-        return {"impl": impl, **dataclasses.asdict(point), "passes": list(self.passes), "device": self.device,
-                "warmup": self.warmup, "iters": self.iters, "threads": self.threads, "check_rows": self.check_rows,
-                "seed": self.seed, "grid": self.grid}
 
 
 @dataclass
@@ -293,27 +202,36 @@ def warm_up(impls: tuple[str, ...], device: torch.device, seconds: float = 1.0) 
     fns = [attention_impl(name) for name in impls if name != "compiled"  # compiling is not warming up
            and unsupported_reason(name, device, torch.float32, point.dim) is None]
     deadline = time.perf_counter() + seconds
-    for index, fn in enumerate(fns):
+
+    def runs(fn: AttentionFn, under_tracker: bool) -> bool:
         try:
-            if index == 0:
+            if under_tracker:  # once, so the profiler the memory runs use is initialized too
                 measure_attention_memory(lambda: problem.run(fn, None), lambda out: out.backward(problem.grad_out),
                                          (problem.q, problem.k, problem.v), device)
             problem.run(fn, problem.grad_out)
+            return True
         except Exception:  # noqa: BLE001 - see docstring
-            fns[index] = None
-    fns = [fn for fn in fns if fn is not None]
+            return False
+
+    fns = [fn for index, fn in enumerate(fns) if runs(fn, index == 0)]
     while fns and time.perf_counter() < deadline:
         for fn in fns:
             problem.run(fn, problem.grad_out)
     problem.clear_grads()
 
 
-def run_attention_sweep(config: AttentionBenchConfig, store: RecordStore | None = None, *, resume: bool = False,
+def run_attention_sweep(config: AttentionBenchConfig, out: str | os.PathLike | None = None, *, resume: bool = False,
+                        plot: str | os.PathLike | None = None,
                         on_point: Callable[[AttentionPoint, list[dict[str, Any]]], None] = lambda point, records: None
                         ) -> SweepOutcome:
-    """Measure every point into `store` (None: records are only returned); records are appended point by
-    point, `skipped` counts the records a resume found done."""
+    """Measure every point into `<out>/attention.jsonl` (None: records are only returned), point by point;
+    `skipped` counts the records a resume found done. With `plot`, draw time and memory against sequence
+    length from every record of the sweep's points (those a resume skipped too). Everything is validated
+    and every file proven writable before any work."""
     device = config.validate()
+    store = RecordStore(out, "attention").check_writable() if out is not None else None
+    if plot is not None:
+        check_plot_file(plot)
     outcome = SweepOutcome()
     done = store.done_keys() if (store is not None and resume) else set()
     with cpu_threads(config.threads):
@@ -341,4 +259,12 @@ def run_attention_sweep(config: AttentionBenchConfig, store: RecordStore | None 
                 records.append(record)
             outcome.records.extend(records)
             on_point(point, records)
+    if plot is not None:
+        keys = {point_key("attention", config.record_config(point, impl))
+                for point in config.points() for impl in config.impls}
+        records = [r for r in store.records() if r.get("key") in keys] if store is not None else outcome.records
+        if any(r["status"] == "ok" for r in records):
+            from stepscope.measure.attention.plot import plot_attention
+
+            outcome.plot = plot_attention(records, plot)
     return outcome

@@ -10,40 +10,14 @@ reference's gradients exact while it only computes those rows (dQ, dK, dV are ch
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from stepscope.kernels.reference import reference_forward_backward, relative_error
+from stepscope.measure.attention.config import OWN_IMPLS, TOLERANCE, AttentionPoint
 from stepscope.measure.device import DTYPES
 
-TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 5e-2}
-"""Largest accepted relative error (max |x − ref| / max |ref|, against fp64) per input dtype: the sanity
-gate for PyTorch's own implementations (naive, sdpa, compiled)."""
-OWN_IMPLS = ("flash-torch", "flash-triton")
-"""stepscope's implementations: in fp16/bf16 each error must stay within 2x the error of PyTorch's own
-attention (SDPA) in the same dtype on the same inputs, both against fp64 (the project's rule)."""
 _REFERENCE_BLOCK_BYTES = 256 * 2 ** 20  # fp64 scores per block of reference rows
-
-
-@dataclass(frozen=True)
-class AttentionPoint:
-    """One problem every implementation solves: q, k, v of shape (batch, heads, seq, dim)."""
-
-    batch: int
-    heads: int
-    seq: int
-    dim: int
-    dtype: str
-    causal: bool
-
-    @property
-    def batch_heads(self) -> int:
-        return self.batch * self.heads
-
-    def label(self) -> str:
-        return (f"batch {self.batch} heads {self.heads} seq {self.seq} dim {self.dim} {self.dtype}"
-                + (" causal" if self.causal else ""))
 
 
 class AttentionProblem:
