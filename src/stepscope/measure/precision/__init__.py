@@ -1,5 +1,2 @@
-"""`stepscope precision`: the two classic mixed-precision experiments (`experiments`)."""
-
-from stepscope.measure.precision.experiments import accumulate, model_dtypes
-
-__all__ = ["accumulate", "model_dtypes"]
+"""`stepscope precision`: the two classic mixed-precision experiments (`experiments`: `run_accumulate`,
+`run_dtypes`, which write `precision` records), their settings (`config`, torch-free)."""

@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import math
+import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,11 +19,14 @@ from torch import nn
 
 from stepscope.errors import UsageError
 from stepscope.measure.device import dtype_of
+from stepscope.measure.environment import torch_environment
+from stepscope.measure.precision.config import AccumulateConfig, DtypesConfig
 from stepscope.measure.training import TrainingStep, transformer_step
+from stepscope.results.store import RecordStore, make_record
 from stepscope.spec import ModelSpec, Workload
 
 
-def accumulate(steps: int = 1000, increment: float = 0.01) -> list[dict[str, Any]]:
+def accumulate(steps: int, increment: float) -> list[dict[str, Any]]:
     """Sum `increment` `steps` times with different accumulator / increment dtypes."""
     if steps <= 0 or not math.isfinite(increment) or increment == 0:
         raise UsageError(f"need steps > 0 and a finite, non-zero increment, got steps={steps} increment={increment}")
@@ -119,3 +124,44 @@ def model_dtypes(spec: ModelSpec | None, device: torch.device, precision: str
         workload = Workload(batch=2, seq=min(16, spec.context_length), precision=precision, mode="fwd-bwd")
         step = transformer_step(spec, workload, device=device)
     return autocast_dtypes(step)
+
+
+def run_accumulate(config: AccumulateConfig, out: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+    """`accumulate`, one `precision` record per case in `<out>/precision.jsonl` (None: not stored); its rows."""
+    rows = accumulate(config.steps, config.increment)  # microseconds of work; validates the settings first
+    if out is not None:
+        store = RecordStore(out, "precision").check_writable()
+        env = torch_environment("cpu")
+        for row in rows:
+            store.append(make_record("precision", {"experiment": "accumulate", "case": row["case"],
+                                                   "steps": config.steps, "increment": config.increment},
+                                     {k: row[k] for k in ("value", "abs_error", "rel_error")}, env=env))
+    return rows
+
+
+@dataclass
+class DtypesResult:
+    """What autocast ran in: per module (in call order) parameter, output and gradient dtypes; the loss dtype."""
+
+    modules: list[dict[str, Any]]
+    loss_dtype: str
+    device: str
+
+
+def run_dtypes(config: DtypesConfig, out: str | os.PathLike | None = None) -> DtypesResult:
+    """`model_dtypes` on the configured device, one `precision` record in `<out>/precision.jsonl` (None: not
+    stored)."""
+    from stepscope.measure.device import check_precision, resolve_device
+
+    device = resolve_device(config.device)
+    check_precision(device, config.precision)
+    record_config: dict[str, Any] = {"experiment": "dtypes", "model": config.model_name, "precision": config.precision,
+                                     "device": device.type}
+    if config.model is not None:
+        record_config["model_spec"] = config.model.to_dict()
+    store = RecordStore(out, "precision").check_writable() if out is not None else None
+    rows, loss_dtype = model_dtypes(config.model, device, config.precision)
+    if store is not None:
+        store.append(make_record("precision", record_config, {"modules": rows, "loss_dtype": loss_dtype},
+                                 env=torch_environment(device)))
+    return DtypesResult(rows, loss_dtype, device.type)
