@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_workload_options(parser, StepConfig)
     parser.add_argument("--warmup", default=config_default(StepConfig, "warmup"),
                         help="untimed steps before timing (comma list sweeps; default %(default)s)")
-    parser.add_argument("--iters", default=config_default(StepConfig, "iters"), help="timed steps (default %(default)s)")
+    parser.add_argument("--iters", default=config_default(StepConfig, "iters"),
+                        help="timed steps (default %(default)s)")
     add_seed_option(parser, StepConfig)
     add_threads_option(parser)
     parser.add_argument("--ab", action="store_true",

@@ -49,8 +49,10 @@ def add_workload_options(parser: argparse.ArgumentParser, step_config: type) -> 
     group = parser.add_argument_group("workload (comma lists sweep)")
     group.add_argument("--batch", default=config_default(Workload, "batch"),
                        help="sequences per step (default %(default)s)")
-    group.add_argument("--seq", default=config_default(Workload, "seq"), help="tokens per sequence (default %(default)s)")
-    group.add_argument("--mode", default=config_default(Workload, "mode"), help=f"{'|'.join(MODES)} (default %(default)s)")
+    group.add_argument("--seq", default=config_default(Workload, "seq"),
+                       help="tokens per sequence (default %(default)s)")
+    group.add_argument("--mode", default=config_default(Workload, "mode"),
+                       help=f"{'|'.join(MODES)} (default %(default)s)")
     group.add_argument("--precision", default=config_default(Workload, "precision"),
                        help=f"{'|'.join(PRECISIONS)} (default %(default)s)")
     group.add_argument("--attention", default=config_default(step_config, "attention"),

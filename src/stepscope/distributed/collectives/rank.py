@@ -203,7 +203,7 @@ def _agreed_prepare(comm: Communicator, point: CommPoint) -> tuple[int, str | No
 
 def _agreed_check(comm: Communicator, point: CommPoint, prepared: Prepared) -> tuple[int, str | None, int]:
     """Fill patterned inputs, run once, count wrong elements; an op the backend rejects is `unsupported`."""
-    state, note, wrong = _OK, None, 0
+    state, note = _OK, None
     for view, _ in prepared.outputs:
         comm.fill(view, None)
     for view, values in prepared.inputs:

@@ -25,15 +25,26 @@ REDUCED AND AVERAGED flat gradient with `buffer()`'s element count (the hook doe
 PyTorch's `allreduce_hook` does); the wrapper writes it back into `.grad`. A "bucket" is one parameter for
 the naive and individual variants, everything (per dtype) for flat, one planned bucket for bucketed.
 Without a hook, `allreduce_average` (divide by the world size, async all-reduce) is used.
+
+The benchmark of `stepscope ddp` lives here too: `bench_config` (its point, torch-free), `benchmark` (the
+parent: launch, combine, `run_ddp_sweep` writes the `ddp` records and the plot), `bench_rank` (one rank),
+`bench_result` (the combined figures and their views), `memory`, `plot`.
 """
 
-from stepscope.distributed.data_parallel.after_backward import DDPFlat, DDPNaive
-from stepscope.distributed.data_parallel.base import DataParallel, broadcast_module_state
-from stepscope.distributed.data_parallel.bucketed import DDPBucketed
-from stepscope.distributed.data_parallel.hooks import CommHook, GradBucket, allreduce_average
-from stepscope.distributed.data_parallel.individual import DDPIndividualParameters
+import importlib
+from typing import Any
 
-VARIANTS = {"naive": DDPNaive, "flat": DDPFlat, "individual": DDPIndividualParameters, "bucketed": DDPBucketed}
+_WRAPPERS = {"DDPNaive": "after_backward", "DDPFlat": "after_backward", "DataParallel": "base",
+             "broadcast_module_state": "base", "DDPBucketed": "bucketed", "CommHook": "hooks", "GradBucket": "hooks",
+             "allreduce_average": "hooks", "DDPIndividualParameters": "individual"}
+__all__ = [*_WRAPPERS, "VARIANTS"]
 
-__all__ = ["DataParallel", "DDPNaive", "DDPFlat", "DDPIndividualParameters", "DDPBucketed", "GradBucket",
-           "CommHook", "allreduce_average", "broadcast_module_state", "VARIANTS"]
+
+def __getattr__(name: str) -> Any:
+    """The wrappers load on first use: importing the benchmark's torch-free config must not import torch."""
+    if name == "VARIANTS":
+        return {"naive": __getattr__("DDPNaive"), "flat": __getattr__("DDPFlat"),
+                "individual": __getattr__("DDPIndividualParameters"), "bucketed": __getattr__("DDPBucketed")}
+    if name in _WRAPPERS:
+        return getattr(importlib.import_module(f"{__name__}.{_WRAPPERS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -203,12 +203,14 @@ def allreduce_sizes(dtype: torch.dtype, device: torch.device, repeats: int) -> d
     element = torch.empty((), dtype=dtype).element_size()
     out: dict[int, list[float]] = {}
     for nbytes in ALPHA_BETA_BYTES:
-        tensor = torch.ones(nbytes // element, dtype=dtype, device=device)
-        burst = max(1, min(20, (16 << 20) // nbytes))
-        dist.all_reduce(tensor)
-        out[nbytes] = [timed(device, lambda: _all_reduces(tensor, burst))[0] / burst for _ in range(repeats)]
-        del tensor
+        out[nbytes] = _seconds_per_all_reduce(torch.ones(nbytes // element, dtype=dtype, device=device), repeats)
     return out
+
+
+def _seconds_per_all_reduce(tensor: torch.Tensor, repeats: int) -> list[float]:
+    burst = max(1, min(20, (16 << 20) // (tensor.numel() * tensor.element_size())))
+    dist.all_reduce(tensor)  # untimed: the first call of a size sets up its buffers
+    return [timed(tensor.device, lambda: _all_reduces(tensor, burst))[0] / burst for _ in range(repeats)]
 
 
 def _all_reduces(tensor: torch.Tensor, calls: int) -> None:

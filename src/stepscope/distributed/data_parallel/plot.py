@@ -11,7 +11,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from stepscope.distributed.data_parallel.benchmark import DDPBenchResult, MiB, model_label
+from stepscope.distributed.data_parallel.bench_config import MiB
+from stepscope.distributed.data_parallel.bench_result import DDPBenchResult, model_label
 
 _STYLES = {"naive": ":", "flat": "--", "individual": "-.", "compute": "-"}
 

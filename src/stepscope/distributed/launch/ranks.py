@@ -52,6 +52,13 @@ def external_launch_env() -> dict[str, int] | None:
             "local_rank": int(env.get("SLURM_LOCALID", 0)), "local_world_size": max(1, min(local_world, world))}
 
 
+def effective_world(requested: int) -> int:
+    """The world size of this run: torchrun's or Slurm's when they started this process, else `requested`
+    (records must name the real one)."""
+    external = external_launch_env()
+    return external["world_size"] if external else requested
+
+
 def is_slurm_step_task(env: Mapping[str, str] | None = None) -> bool:
     """True for a task srun started in a job step; False in an sbatch script, an salloc shell, or outside
     Slurm (those have no step id, or a reserved one such as `batch`)."""
