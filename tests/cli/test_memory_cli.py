@@ -16,7 +16,7 @@ def test_sweep_over_seq_and_precision_writes_tables_plots_and_records(cli, tmp_p
     records = read_records(tmp_path / "memory.jsonl")
     points = [(r["config"]["seq"], r["config"]["precision"], r["config"]["mode"]) for r in records]
     assert points == [(s, p, "train") for s in (16, 64) for p in ("fp32", "bf16")]
-    metrics = {point[:2]: r["metrics"] for point, r in zip(points, records)}
+    metrics = {point[:2]: r["metrics"] for point, r in zip(points, records, strict=True)}
     for precision in ("fp32", "bf16"):
         assert metrics[(64, precision)]["peak_MiB"] > metrics[(16, precision)]["peak_MiB"]
     assert metrics[(16, "fp32")]["residual_MiB"] == pytest.approx(2 * 16 * 64 * 4 / 2**20)
@@ -81,7 +81,7 @@ def test_md_prints_the_sweep_summary_like_step_and_json_rows_carry_the_thread_co
     assert "**memory sweep summary (MiB)**" in out
     header, _, *rows = out.split("**memory sweep summary (MiB)**")[1].strip().splitlines()
     names = header.strip("| ").split(" | ")
-    cells = [dict(zip(names, row.strip("| ").split(" | "))) for row in rows if row.startswith("|")]
+    cells = [dict(zip(names, row.strip("| ").split(" | "), strict=True)) for row in rows if row.startswith("|")]
     assert [(c["mode"], c["threads"]) for c in cells] == [("fwd", threads), ("train", threads)]  # not `-`
     code, out, err = cli("memory", *TINY, "--n-layers", "1", "--seq", "8", "--mode", "fwd", "--no-plot",
                          "--format", "json", "--out", tmp_path)

@@ -1,6 +1,7 @@
 """The bucket planner: PyTorch DDP's GPT-2 layout, the strict cap, dtypes, and bad input.
 (That the `torch` rule matches what DDP itself reports on a real process group is checked in test_ddp.py.)"""
 
+import itertools
 import random
 
 import pytest
@@ -46,7 +47,7 @@ def test_strict_rule_never_exceeds_the_cap_except_single_large_tensors(cap_mb):
     assert [n for b in buckets for n in b.names] == [name for name, _, _ in reversed(entries)]
     for bucket in buckets:
         assert bucket.nbytes <= cap_mb * MiB or len(bucket.names) == 1
-    for before, after in zip(buckets, buckets[1:]):  # closed only because the next tensor did not fit
+    for before, after in itertools.pairwise(buckets):  # closed only because the next tensor did not fit
         assert before.nbytes + after.numels[0] * 4 > cap_mb * MiB
     torch_rule = plan_buckets(entries, cap_mb, "torch")
     assert all(b.nbytes >= cap_mb * MiB for b in torch_rule[:-1])  # torch closes once the cap is reached

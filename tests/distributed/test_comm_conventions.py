@@ -156,5 +156,6 @@ def test_fit_records_group_points_and_name_their_metrics():
     assert fits[0]["metrics"]["alpha_us"] == pytest.approx(10.0)
     assert fits[0]["metrics"]["beta_GBps"] == pytest.approx(1.0)  # factor 1 on 2 ranks: 1e3 B/us
     why = "(two parameters through two points fit exactly: no residual to judge them)"
-    assert notes == [f"no α–β fit for gloo all_reduce fp32 per-op on 4 ranks in-place: needs at least 3 sizes, has 1 {why}",
-                     f"no α–β fit for gloo all_reduce fp32 per-op on 3 ranks in-place: needs at least 3 sizes, has 2 {why}"]
+    prefix = "no α–β fit for gloo all_reduce fp32 per-op on"
+    assert notes == [f"{prefix} 4 ranks in-place: needs at least 3 sizes, has 1 {why}",
+                     f"{prefix} 3 ranks in-place: needs at least 3 sizes, has 2 {why}"]

@@ -299,11 +299,11 @@ def check_sharded_adamw(ctx, failures):
         inputs, targets = batch_for("tied", step, 2)  # the same data on every rank: gradients are equal
         sharded.zero_grad(set_to_none=True)
         loss_of("tied", sharded_model, inputs, targets).backward()
-        for p_plain, p_sharded in zip(plain_model.parameters(), sharded_model.parameters()):
+        for p_plain, p_sharded in zip(plain_model.parameters(), sharded_model.parameters(), strict=True):
             p_plain.grad = p_sharded.grad.clone()
         sharded.step()
         plain.step()
-    for (name, a), b in zip(sharded_model.named_parameters(), plain_model.parameters()):
+    for (name, a), b in zip(sharded_model.named_parameters(), plain_model.parameters(), strict=True):
         if not torch.equal(a, b):
             failures.append(f"sharded AdamW: {name} differs from AdamW (max {(a - b).abs().max().item():.2e})")
             break

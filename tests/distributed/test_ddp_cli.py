@@ -26,7 +26,7 @@ def test_benchmark_runs_records_every_variant_and_writes_the_plot(cli, tmp_path)
         assert metrics["allreduce_alpha_ms"] > 0 and metrics["bstar_MiB"] > 0
         assert record["config"]["shard_optimizer"] is True and record["env"]["world_size"] == 2
         assert 0 < metrics["step_cores_busy"] <= usable_cores() + 0.5  # CPU time / wall time of one rank
-    by_label = {label: r["metrics"] for label, r in zip(labels, records)}
+    by_label = {label: r["metrics"] for label, r in zip(labels, records, strict=True)}
     assert by_label[("bucketed", None)]["n_buckets"] == 1 and by_label[("flat", None)]["n_buckets"] == 1
     assert by_label[("bucketed", 0.01)]["n_buckets"] > 1
     assert {"exposed_comm_ms", "exposed_comm_fraction", "overlap_fraction", "comm_alone_ms_median",
@@ -56,7 +56,7 @@ def test_benchmark_runs_records_every_variant_and_writes_the_plot(cli, tmp_path)
 ])
 def test_bad_input_is_one_line_exit_2_and_no_record(cli, tmp_path, args, message):
     argv = {"--model": "tiny", "--batch": "2", "--seq": "16"}
-    for flag, value in zip(args[::2], args[1::2]):
+    for flag, value in zip(args[::2], args[1::2], strict=True):
         argv[flag] = value
     code, out, err = cli("ddp", *[item for pair in argv.items() for item in pair], "--out", tmp_path)
     assert code == 2, err

@@ -116,7 +116,7 @@ def test_our_records_round_trip_through_the_parser(tmp_path):
     parsed = import_records(path)
     measured = [r for r in records if r["status"] != "unsupported"]
     assert len(parsed) == len(measured)
-    for original, back in zip(measured, parsed):
+    for original, back in zip(measured, parsed, strict=True):
         for field in ("backend", "op", "world_size", "size_bytes", "count", "dtype", "mode", "in_place", "iters",
                       "warmup"):
             assert back["config"][field] == original["config"][field], field

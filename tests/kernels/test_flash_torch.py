@@ -35,7 +35,8 @@ def run_flash(q, k, v, causal, grad_out):
 
 def errors_against_reference(q, k, v, causal, grad_out, results):
     reference = reference_forward_backward(q, k, v, grad_out, causal)
-    return {name: relative_error(value, reference[name]) for name, value in zip(("out", "dq", "dk", "dv"), results)}
+    names = ("out", "dq", "dk", "dv")
+    return {name: relative_error(value, reference[name]) for name, value in zip(names, results, strict=True)}
 
 
 # (q shape, number of keys, causal, CPU threads): 2-D, 3-D and 4-D inputs, Nq > Nk and Nq < Nk, lengths
@@ -116,7 +117,7 @@ def test_saves_q_k_v_o_and_exactly_one_fp32_logsumexp(q_shape):
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         out = FlashAttentionTorch.apply(q, k, v, True)
     assert len(saved) == 5
-    assert all(a is b for a, b in zip(saved[:3], (q, k, v)))
+    assert all(a is b for a, b in zip(saved[:3], (q, k, v), strict=True))
     assert saved[3] is out or saved[3].data_ptr() == out.data_ptr()
     row_shaped = [t for t in saved if t.shape == q.shape[:-1]]
     assert len(row_shaped) == 1 and row_shaped[0].dtype == torch.float32
@@ -165,5 +166,5 @@ def test_autocast_does_not_lower_the_internal_precision():
     plain = run_flash(q, k, v, True, grad_out)
     with cpu_threads(1), torch.autocast("cpu", dtype=torch.bfloat16):  # 1 thread: tiles on this thread
         autocast = run_flash(q, k, v, True, grad_out)
-    for a, b in zip(plain, autocast):
+    for a, b in zip(plain, autocast, strict=True):
         assert torch.equal(a, b)

@@ -34,7 +34,8 @@ def run(fn, q, k, v, causal, grad_out):
 
 def errors(q, k, v, causal, grad_out, results):
     reference = reference_forward_backward(q, k, v, grad_out, causal)
-    return {name: relative_error(value, reference[name]) for name, value in zip(("out", "dq", "dk", "dv"), results)}
+    names = ("out", "dq", "dk", "dv")
+    return {name: relative_error(value, reference[name]) for name, value in zip(names, results, strict=True)}
 
 
 def inputs(q_shape, n_keys, dtype=torch.float32, seed=0):

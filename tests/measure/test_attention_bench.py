@@ -117,7 +117,8 @@ def test_flash_peak_memory_grows_linearly_and_naive_quadratically():
                 tensor.requires_grad_(True)
             for name in peaks:
                 fn = attention_impl(name)
-                memory = measure_attention_memory(lambda: fn(q, k, v, True), lambda out: out.backward(grad_out),
+                memory = measure_attention_memory(lambda fn=fn, q=q, k=k, v=v: fn(q, k, v, True),
+                                                  lambda out, grad_out=grad_out: out.backward(grad_out),
                                                   (q, k, v), torch.device("cpu"))
                 peaks[name].append(max(memory.fwd_peak_bytes, memory.bwd_peak_bytes))
                 q.grad = k.grad = v.grad = None

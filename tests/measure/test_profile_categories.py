@@ -44,9 +44,11 @@ from stepscope.measure.categories import CATEGORIES, RULES, categorize, classify
      "normalization"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1>>",
      "memory copy"),
-    ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda>",
+    ("void at::native::elementwise_kernel<128, 2, "
+     "at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda>",
      "memory copy"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>>",
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+     "at::detail::Array<char*, 3>>",
      "elementwise"),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float>>>",
      "reduction"),
@@ -57,8 +59,8 @@ def test_names_map_to_their_category(name, category):
     assert categorize(name) == category
 
 
-@pytest.mark.parametrize("name", ["stepscope.forward", "stepscope.backward", "ProfilerStep#3", "aten::cross_entropy_loss",
-                                  "my_custom_kernel"])
+@pytest.mark.parametrize("name", ["stepscope.forward", "stepscope.backward", "ProfilerStep#3",
+                                  "aten::cross_entropy_loss", "my_custom_kernel"])
 def test_ranges_composites_and_unknown_names_have_no_rule(name):
     assert categorize(name) is None
 

@@ -53,7 +53,7 @@ def test_naive_and_sdpa_gradients_agree():
     for name in ("naive", "sdpa"):
         out = get_attention(name)(q, k, v, True)
         grads.append(torch.autograd.grad(out.square().sum(), (q, k, v)))
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-10)
 
 

@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def build_config(args: argparse.Namespace) -> CommConfig:
     """The CommConfig of the command line (value types checked here; the request itself by the library)."""
     from stepscope.distributed.collectives.ops import DTYPES, OPS
-    from stepscope.distributed.collectives.points import MODES, PLACES
+    from stepscope.distributed.collectives.points import CALL_MODES, PLACES
     from stepscope.distributed.collectives.sizes import parse_sizes
 
     ops = list(OPS) if args.op == ALL else parse_list(args.op or default_text("ops"), choice(*OPS), "--op")
@@ -86,7 +86,7 @@ def build_config(args: argparse.Namespace) -> CommConfig:
         worlds=tuple(parse_list(args.world or default_text("worlds"), positive_int, "--world")),
         oversubscribe=args.oversubscribe, ops=tuple(dict.fromkeys(ops)), sizes=tuple(parse_sizes(args.sizes)),
         dtypes=tuple(parse_list(args.dtype, choice(*DTYPES), "--dtype")),
-        modes=tuple(parse_list(args.mode, choice(*MODES), "--mode")),
+        modes=tuple(parse_list(args.mode, choice(*CALL_MODES), "--mode")),
         places=tuple(parse_list(args.place, choice(*PLACES), "--place")),
         iters=one_value(args.iters, positive_int, "--iters"),
         warmup=one_value(args.warmup, non_negative_int, "--warmup"),

@@ -16,7 +16,7 @@ from stepscope.cli.options import (
     threads_list,
 )
 from stepscope.cli.options.model import add_model_options, add_workload_options, workload_grid
-from stepscope.measure.memory.config import MODES, STEP_WARMUP, MemoryConfig
+from stepscope.measure.memory.config import DEFAULT_MODES, STEP_WARMUP, MemoryConfig
 from stepscope.measure.step.config import StepConfig
 
 SUMMARY_COLUMNS = ["model", "batch", "seq", "mode", "precision", "attention", "threads", "status",
@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "timeline PNG per point. CPU: profiler allocation events; CUDA: max_memory_allocated.")
     add_model_options(parser)
     add_workload_options(parser, StepConfig)
-    parser.set_defaults(mode=",".join(MODES))
+    parser.set_defaults(mode=",".join(DEFAULT_MODES))
     group = parser.add_argument_group("memory")
     group.add_argument("--warmup", type=non_negative_int, default=STEP_WARMUP,
                        help="full steps before the measured one (default %(default)s: AdamW's state exists by then)")

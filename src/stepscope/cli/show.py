@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         printer.emit([row for group in groups.values() for row in group], columns=[*group_by, *shown])
         return 0
     for values, group in groups.items():
-        title = ", ".join(f"{c}={v}" for c, v in zip(group_by, values))
+        title = ", ".join(f"{c}={v}" for c, v in zip(group_by, values, strict=True))
         printer.emit(group, columns=shown, title=title)
     return 0
 

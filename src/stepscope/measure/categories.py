@@ -154,8 +154,3 @@ def classify_chain(names: Sequence[str]) -> tuple[str, int]:
         if category is not None:
             return category, index
     return "other", len(names) - 1
-
-
-def describe_rules() -> list[dict[str, str]]:
-    """The table as rows (category, pattern, covers), e.g. for documentation."""
-    return [{"category": category, "pattern": pattern, "covers": covers} for category, pattern, covers in RULES]

@@ -34,14 +34,13 @@ def measure_gemm_rate(precision: str, device: torch.device) -> tuple[float, int]
     """(FLOP/s, n) of an n x n x n matmul: 2·n³ FLOPs per call, median over repeated calls."""
     dtype = dtype_of(precision)
     for n in _SIZES:
-        a = torch.randn(n, n, device=device).to(dtype)
-        b = torch.randn(n, n, device=device).to(dtype)
+        operands = (torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype))
         # one untimed call (allocations, kernel selection), then one to size the problem
-        call_s = time_callable(lambda: torch.matmul(a, b), warmup=1, iters=1, device=device)[0]
+        call_s = time_callable(lambda pair=operands: torch.matmul(*pair), warmup=1, iters=1, device=device)[0]
         if call_s >= _MIN_CALL_S:
             break
     iters = max(3, round(_BUDGET_S / max(call_s, 1e-6)))
-    samples = time_callable(lambda: torch.matmul(a, b), warmup=0, iters=iters, device=device)
+    samples = time_callable(lambda: torch.matmul(*operands), warmup=0, iters=iters, device=device)
     return 2.0 * n**3 / statistics.median(samples), n
 
 

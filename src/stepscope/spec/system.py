@@ -13,6 +13,7 @@ linear in log10(size); outside the knots it is clamped. Harmonic interpolation k
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import sys
 from dataclasses import dataclass
@@ -196,7 +197,7 @@ def _curve(value: Any, where: str) -> tuple[tuple[float, float], ...]:
     if not isinstance(value, list) or not value or not all(isinstance(k, list) and len(k) == 2 for k in value):
         raise UsageError(f"{where} must be a list of [GFLOP, efficiency] pairs")
     knots = tuple((_positive(g, f"{where} size"), _positive(e, f"{where} efficiency")) for g, e in value)
-    if any(b[0] <= a[0] for a, b in zip(knots, knots[1:])):
+    if any(b[0] <= a[0] for a, b in itertools.pairwise(knots)):
         raise UsageError(f"{where} sizes must increase strictly")
     return knots
 

@@ -118,8 +118,8 @@ def fit_records(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]]
         groups.setdefault(key, []).append(record)
     fits, notes = [], []
     for key, members in groups.items():
-        group = dict(zip(FIT_GROUP_FIELDS, key))
-        for name, value in zip(("redop", "source"), key[-2:]):
+        group = dict(zip(FIT_GROUP_FIELDS, key[:-2], strict=True))
+        for name, value in zip(("redop", "source"), key[-2:], strict=True):
             if value is not None:
                 group[name] = value
         label = " ".join(str(group[f]) for f in ("backend", "op", "dtype", "mode")) + \

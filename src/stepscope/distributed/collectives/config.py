@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from stepscope.distributed.collectives.backends import check_backend
 from stepscope.distributed.collectives.ops import DTYPES, OPS, ROOTED_OPS
-from stepscope.distributed.collectives.points import MODES, PLACES
+from stepscope.distributed.collectives.points import CALL_MODES, PLACES
 from stepscope.distributed.collectives.sizes import parse_sizes
 from stepscope.errors import UsageError
 
@@ -57,7 +57,7 @@ class CommConfig:
                 raise UsageError(f"{name} needs at least one value")
         _check_choices("--op", self.ops, OPS)
         _check_choices("--dtype", self.dtypes, tuple(DTYPES))
-        _check_choices("--mode", self.modes, MODES)
+        _check_choices("--mode", self.modes, CALL_MODES)
         _check_choices("--place", self.places, PLACES)
         if min(self.worlds) < 1:
             raise UsageError(f"world sizes must be at least 1, got {min(self.worlds)}")

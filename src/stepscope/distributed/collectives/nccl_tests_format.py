@@ -83,8 +83,9 @@ def _block(records: list[dict[str, Any]]) -> str:
                      f"device {str(place.get('device', '-')):>2s} [-] {env.get('device_name', '')}".rstrip())
     lines += ["#",
               f"# {'':10s}  {'':12s}  {'':8s}  {'':6s}  {'':6s}           out-of-place                       in-place",
-              f"# {'size':>10s}  {'count':>12s}  {'type':>8s}  {'redop':>6s}  {'root':>6s}  {'time':>7s}  {'algbw':>6s}  "
-              f"{'busbw':>6s} {'#wrong':>6s}  {'time':>7s}  {'algbw':>6s}  {'busbw':>6s} {'#wrong':>6s}",
+              f"# {'size':>10s}  {'count':>12s}  {'type':>8s}  {'redop':>6s}  {'root':>6s}  "
+              f"{'time':>7s}  {'algbw':>6s}  {'busbw':>6s} {'#wrong':>6s}  "
+              f"{'time':>7s}  {'algbw':>6s}  {'busbw':>6s} {'#wrong':>6s}",
               f"# {'(B)':>10s}  {'(elements)':>12s}  {'':8s}  {'':6s}  {'':6s}  {'(us)':>7s}  {'(GB/s)':>6s}  "
               f"{'(GB/s)':>6s}  {'':5s}  {'(us)':>7s}  {'(GB/s)':>6s}  {'(GB/s)':>6s}  {'':5s}"]
     by_size: OrderedDict[int, dict[bool, dict[str, Any]]] = OrderedDict()
@@ -112,11 +113,12 @@ def _block(records: list[dict[str, Any]]) -> str:
             wrong = metrics.get("wrong")
             failed += 1 if wrong else 0
             busbws.append(busbw)
-            line += f"  {format_time_us(time_us)}  {algbw:6.2f}  {busbw:6.2f}  {'N/A' if wrong is None else f'{wrong:g}':>5s}"
+            wrong_text = "N/A" if wrong is None else f"{wrong:g}"
+            line += f"  {format_time_us(time_us)}  {algbw:6.2f}  {busbw:6.2f}  {wrong_text:>5s}"
         lines.append(line)
     average = sum(busbws) / len(busbws) if busbws else 0.0
-    lines += [f"# Out of bounds values : {failed} {'FAILED' if failed else 'OK'}", f"# Avg bus bandwidth    : {average:g} ",
-              "#", f"# Collective test concluded: {perf}", "#", ""]
+    lines += [f"# Out of bounds values : {failed} {'FAILED' if failed else 'OK'}",
+              f"# Avg bus bandwidth    : {average:g} ", "#", f"# Collective test concluded: {perf}", "#", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -158,7 +160,8 @@ class ParsedBlock:
 
 _LEAD_NAMES = {"size": "size", "bytes": "size", "count": "count", "n": "count", "type": "type", "redop": "redop",
                "op": "redop", "root": "root"}
-_RANK_LINE = re.compile(r"^#?\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\S+)\s+on\s+(\S+)\s+device\s+(\S+)\s*(?:\[[^\]]*\]\s*)?(.*)$")
+_RANK_LINE = re.compile(r"^#?\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\S+)\s+on\s+(\S+)\s+device\s+(\S+)"
+                        r"\s*(?:\[[^\]]*\]\s*)?(.*)$")
 
 
 def parse_nccl_tests(text: str) -> list[ParsedBlock]:
@@ -244,7 +247,7 @@ def _parse_row(tokens: list[str], lead: list[str], groups: list[str]) -> ParsedR
     """A result line, or None for anything else (noise that happens to sit between results)."""
     if len(tokens) != len(lead) + 4 * len(groups) or not lead or "size" not in lead:
         return None
-    values = dict(zip(lead, tokens))
+    values = dict(zip(lead, tokens[:len(lead)], strict=True))
     try:
         size, count = int(values["size"]), int(values.get("count", "0"))
         placements: dict[bool, dict[str, float | None]] = {}
@@ -261,7 +264,8 @@ def _parse_row(tokens: list[str], lead: list[str], groups: list[str]) -> ParsedR
                      placements)
 
 
-def import_records(path: str | Path, *, op_hint: str | None = None, world_hint: int | None = None) -> list[dict[str, Any]]:
+def import_records(path: str | Path, *, op_hint: str | None = None,
+                   world_hint: int | None = None) -> list[dict[str, Any]]:
     """`comm` records from an nccl-tests log file (see the module docstring); UsageError when the file
     is unreadable, holds no results, or does not say its op / world size and no hint was given."""
     path = Path(path)

@@ -12,7 +12,7 @@ from typing import Any
 from stepscope.distributed.collectives.ops import CHUNKED_OPS, ROOTED_OPS, Layout, layout
 from stepscope.distributed.collectives.sizes import format_bytes
 
-MODES = ("per-op", "batch")
+CALL_MODES = ("per-op", "batch")
 """per-op: every call waited (and the device synchronized) before the next; batch: `iters` async calls
 in flight, then one wait, like nccl-tests' timed loop."""
 PLACES = ("out", "in")
@@ -34,7 +34,7 @@ class CommPoint:
     dtype: str
     """Element type (stepscope name: fp32, bf16, int8, ...)."""
     mode: str
-    """per-op or batch (see MODES)."""
+    """per-op or batch (see CALL_MODES)."""
     in_place: bool | None
     """True for in-place, False for out-of-place, None for barrier (no buffers)."""
     iters: int

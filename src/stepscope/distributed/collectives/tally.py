@@ -133,7 +133,8 @@ def table_rows(samples_by_name: dict[str, list[float]], unit: str) -> list[dict[
     return rows
 
 
-def tally_tables(merged: dict[str, Any], backend: str, label: str) -> list[tuple[str, list[dict[str, Any]], str | None]]:
+def tally_tables(merged: dict[str, Any], backend: str,
+                 label: str) -> list[tuple[str, list[dict[str, Any]], str | None]]:
     """The three tables of one point: (title, rows, note shown when there are no rows)."""
     where = (f"{merged['hosts']} host(s) | {merged['processes']} process(es) | {merged['threads']} thread(s)")
     empty_device = (f"no device activity: CPU-only run ({backend} moves data with host threads)"

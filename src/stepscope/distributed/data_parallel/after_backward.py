@@ -58,8 +58,8 @@ class DDPFlat(DataParallel):
 
     def finish_gradient_synchronization(self) -> None:
         last = len(self._groups) - 1
-        for index, (parameters, offsets, flat) in enumerate(zip(self._groups, self._offsets, self._flat)):
-            for p, offset in zip(parameters, offsets):
+        for index, (parameters, offsets, flat) in enumerate(zip(self._groups, self._offsets, self._flat, strict=True)):
+            for p, offset in zip(parameters, offsets, strict=True):
                 view = flat[offset:offset + p.numel()].view(p.shape)
                 if p.grad is None:
                     view.zero_()  # no gradient this step: contributes zeros

@@ -116,7 +116,7 @@ class DataParallel(nn.Module):
     def _store_gradients(parameters: list[nn.Parameter], offsets: list[int], result: torch.Tensor) -> None:
         """Make each `.grad` a view into the reduced flat `result` (as PyTorch's gradient_as_bucket_view):
         no copy back, and the local gradient's own storage is released."""
-        for p, offset in zip(parameters, offsets):
+        for p, offset in zip(parameters, offsets, strict=True):
             view = result[offset:offset + p.numel()].view(p.shape)
             if view.dtype == p.dtype:
                 p.grad = view

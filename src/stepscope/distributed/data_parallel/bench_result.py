@@ -66,7 +66,7 @@ class DDPBenchResult:
     # ---- derived ------------------------------------------------------------------------------------
     def exposed_s(self, result: VariantResult) -> float:
         """Median over rounds of step - compute-only step of the same round (pairs cancel slow drifts)."""
-        return float(np.median([a - b for a, b in zip(result.rounds, self.compute.rounds)]))
+        return float(np.median([a - b for a, b in zip(result.rounds, self.compute.rounds, strict=True)]))
 
     def overlap(self, result: VariantResult) -> float | None:
         if result.comm_alone is None or result.comm_alone.median <= 0:
@@ -81,7 +81,7 @@ class DDPBenchResult:
 
     def paired_ratio(self, a: VariantResult, b: VariantResult) -> float:
         """Median over rounds of time(a) / time(b), both measured in the same round."""
-        return float(np.median([x / y for x, y in zip(a.rounds, b.rounds)]))
+        return float(np.median([x / y for x, y in zip(a.rounds, b.rounds, strict=True)]))
 
     def best(self, variants: Sequence[str]) -> VariantResult | None:
         """The fastest of `variants`, judged by exposed communication: a paired, per-round difference, so a
@@ -147,7 +147,7 @@ class DDPBenchResult:
     def records(self, env: dict[str, Any]) -> list[dict[str, Any]]:
         records = []
         bstar = self.bstar_bytes()
-        for result, row in zip([self.compute, *self.variants], self.rows()):
+        for result, row in zip([self.compute, *self.variants], self.rows(), strict=True):
             metrics: dict[str, Any] = {**result.step.metrics("step"), "tokens_per_s": row["tokens_per_s"],
                                        "compute_step_ms_median": self.compute.step.median * 1e3,
                                        "step_cores_busy": result.step_cores}

@@ -46,7 +46,7 @@ def run_ddp_benchmark(config: DDPBenchConfig) -> DDPBenchResult | None:
 
     def slowest(key: str, label: str) -> list[float]:
         """Per round, the wall time of the slowest rank."""
-        return [max(wall for wall, _ in runs) for runs in zip(*(rank[key][label] for rank in per_rank))]
+        return [max(wall for wall, _ in runs) for runs in zip(*(rank[key][label] for rank in per_rank), strict=True)]
 
     def cores_busy(key: str, label: str) -> float:
         """CPU seconds / wall seconds of a rank over all its runs, averaged over ranks."""
@@ -67,8 +67,9 @@ def run_ddp_benchmark(config: DDPBenchConfig) -> DDPBenchResult | None:
                              comm_cores=cores_busy("comm", label) if variant != COMPUTE else None)
 
     sizes = sorted(first["allreduce"])
-    allreduce_points = [(n, float(np.median([max(v) for v in zip(*(rank["allreduce"][n] for rank in per_rank))])))
-                        for n in sizes]
+    slowest_per_repeat = {n: [max(v) for v in zip(*(rank["allreduce"][n] for rank in per_rank), strict=True)]
+                          for n in sizes}
+    allreduce_points = [(n, float(np.median(slowest_per_repeat[n]))) for n in sizes]
     # the collectives benchmark's fit (relative least squares); bus factor 1: w is the algorithm bandwidth
     fit = fit_alpha_beta([n for n, _ in allreduce_points], [t * 1e6 for _, t in allreduce_points], bus_factor=1.0)
     alpha, bandwidth = fit.alpha_us * 1e-6, (fit.beta_GBps * 1e9 if fit.beta_GBps else float("nan"))

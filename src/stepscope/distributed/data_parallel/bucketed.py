@@ -31,7 +31,7 @@ class DDPBucketed(DataParallel):
     def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0, *, rule: str = "strict",
                  process_group: dist.ProcessGroup | None = None) -> None:
         super().__init__(module, process_group=process_group)
-        by_name = dict(zip(self.parameter_names, self.communicated))
+        by_name = dict(zip(self.parameter_names, self.communicated, strict=True))
         self.bucket_size_mb = bucket_size_mb
         self.plan = plan_buckets([(name, p.numel(), p.dtype) for name, p in by_name.items()], bucket_size_mb, rule)
         self._bucket_params: list[list[nn.Parameter]] = []

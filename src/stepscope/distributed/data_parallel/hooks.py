@@ -53,7 +53,7 @@ class GradBucket:
     def gradients(self) -> list[torch.Tensor]:
         """Views into `buffer()`, one per parameter, shaped like the parameter."""
         return [self._buffer[offset:offset + p.numel()].view(p.shape)
-                for p, offset in zip(self._parameters, self._offsets)]
+                for p, offset in zip(self._parameters, self._offsets, strict=True)]
 
 
 def allreduce_average(process_group: dist.ProcessGroup | None, bucket: GradBucket) -> torch.futures.Future:

@@ -43,7 +43,8 @@ class DDPIndividualParameters(DataParallel):
         self._pending.append((bucket, self._reduce(bucket)))
 
     def finish_gradient_synchronization(self) -> None:
-        missing = [name for name, p in zip(self.parameter_names, self.communicated) if id(p) not in self._launched]
+        missing = [name for name, p in zip(self.parameter_names, self.communicated, strict=True)
+                   if id(p) not in self._launched]
         pending, self._pending, self._launched, self._armed = self._pending, [], set(), False
         if missing and len(missing) == len(self.communicated):
             raise RuntimeError("DDPIndividualParameters: no gradient hook fired this step; run the forward "
@@ -60,7 +61,7 @@ class DDPIndividualParameters(DataParallel):
         return [p.numel() for p in reversed(self.communicated)]
 
     def _name_of(self, parameter: torch.Tensor) -> str:
-        for name, p in zip(self.parameter_names, self.communicated):
+        for name, p in zip(self.parameter_names, self.communicated, strict=True):
             if p is parameter:
                 return name
         return "?"

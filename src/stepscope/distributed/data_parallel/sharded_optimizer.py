@@ -83,7 +83,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         assert self.local_optimizer is not None
-        for group, local in zip(self.param_groups, self.local_optimizer.param_groups):
+        for group, local in zip(self.param_groups, self.local_optimizer.param_groups, strict=True):
             local.update({key: value for key, value in group.items() if key != "params"})
         self.local_optimizer.step()
         self._synchronize_parameters()

@@ -49,7 +49,7 @@ def plot_attention(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
                                     if _setup(r["config"]) == setup and r["config"]["impl"] == impl
                                     and r["config"]["dim"] == dim and _value(r["metrics"], what) is not None)
                     if points:
-                        xs, ys = zip(*points)
+                        xs, ys = zip(*points, strict=True)
                         ax.plot(xs, ys, color=colors[impl], marker=markers[dim], markersize=4, linewidth=1,
                                 label=f"{impl} d={dim}")
             ax.set_xscale("log", base=2)
@@ -62,7 +62,7 @@ def plot_attention(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
                 ax.set_xlabel("sequence length")
     legend: dict[str, Any] = {}
     for ax in axes.flat:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             legend.setdefault(label, handle)
     handles, labels = list(legend.values()), list(legend)
     columns = max(1, min(len(labels), int(width // 1.6)))

@@ -11,7 +11,7 @@ from stepscope.measure.step.config import StepConfig
 
 TABLE_KINDS = ("memory-phase", "memory-alloc")
 """Record kinds of a point's tables; `memory` is its summary."""
-MODES = ("fwd", "train")
+DEFAULT_MODES = ("fwd", "train")
 """The modes measured when the command line gives none: inference, and the whole train step."""
 STEP_WARMUP = 1
 """Full steps before the measured one when the command line gives none (1: AdamW's state exists by then)."""
