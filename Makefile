@@ -6,11 +6,11 @@ TORCH ?= torch==2.13.0
 # Where the CPU build comes from when no local +cpu wheel exists.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 # Extras installed into the development environment.
-EXTRAS ?= test,triton,mpi
+EXTRAS ?= test,lint,triton,mpi
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stepscope-setup
 
-.PHONY: setup run test clean
+.PHONY: setup run test lint clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# ruff with the project's rules (pyproject.toml); its default excludes skip no folder of src/ or tests/
+lint: setup
+	$(VENV)/bin/ruff check .
 
 clean:
 	rm -rf $(VENV) stepscope-results
