@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from stepscope.distributed.launch.launcher import DistributedError, LaunchConfig, launch
+from stepscope.distributed.launch import LaunchConfig, launch
+from stepscope.errors import DistributedError
 
 RTOL, ATOL = 1e-5, 1e-7
 WORLD = 2

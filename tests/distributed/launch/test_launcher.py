@@ -9,16 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.distributed.launch.launcher import (
-    START_PAUSE_ENV,
-    DistributedError,
-    LaunchConfig,
-    external_launch_env,
-    launch,
-    resolve_backend,
-)
+from stepscope.distributed.launch import LaunchConfig, external_launch_env, launch, resolve_backend
+from stepscope.distributed.launch.launcher import START_PAUSE_ENV
 from stepscope.distributed.launch.ranks import MAX_RANKS_PER_CORE, OVERSUBSCRIBE_ENV, check_local_world
-from stepscope.errors import UsageError
+from stepscope.errors import DistributedError, UsageError
 from tests.conftest import STEPSCOPE, subprocess_env
 
 

@@ -35,7 +35,7 @@ class Job:
 
 def plan_jobs(config: CommConfig) -> list[Job]:
     """Every (backend, world size) job of the request, in order (under torchrun/Slurm: its world size)."""
-    from stepscope.distributed.launch.launcher import external_launch_env
+    from stepscope.distributed.launch.ranks import external_launch_env
 
     external = external_launch_env()
     worlds = (external["world_size"],) if external else config.worlds

@@ -74,7 +74,7 @@ class CommConfig:
         for backend in self.backends:
             check_backend(backend)
             if backend in TORCH_BACKENDS:
-                from stepscope.distributed.launch.launcher import resolve_backend
+                from stepscope.distributed.launch.rank import resolve_backend
 
                 # nccl: one GPU per rank, checked for the largest world before anything starts
                 resolve_backend(TORCH_BACKENDS[backend][0], max(self.worlds))
@@ -87,7 +87,7 @@ def resolve_auto(backends: tuple[str, ...], worlds: tuple[int, ...]) -> tuple[tu
         return backends, None
     import torch
 
-    from stepscope.distributed.launch.launcher import external_launch_env, resolve_backend
+    from stepscope.distributed.launch import external_launch_env, resolve_backend
 
     external = external_launch_env()
     local = external["local_world_size"] if external else max(worlds, default=1)

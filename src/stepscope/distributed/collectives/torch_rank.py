@@ -26,7 +26,7 @@ import torch.distributed as dist
 from stepscope.distributed.collectives.ops import DTYPES, SENTINEL, checked_on, expected_values, input_values
 from stepscope.distributed.collectives.points import CommPoint
 from stepscope.distributed.collectives.rank import Prepared, RankOutcome, chunks, run_points
-from stepscope.distributed.launch.launcher import RankContext
+from stepscope.distributed.launch.rank import RankContext
 from stepscope.measure.device import is_out_of_memory
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64,

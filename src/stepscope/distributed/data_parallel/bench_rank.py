@@ -30,7 +30,7 @@ from stepscope.distributed.data_parallel import VARIANTS, DataParallel
 from stepscope.distributed.data_parallel.memory import MiB, memory_split
 from stepscope.distributed.data_parallel.sharded_optimizer import ShardedOptimizer
 from stepscope.distributed.data_parallel.torch_ddp import torch_ddp
-from stepscope.distributed.launch.launcher import RankContext
+from stepscope.distributed.launch.rank import RankContext
 from stepscope.measure.device import synchronize
 from stepscope.measure.timer import interleaved_rounds
 from stepscope.measure.training import TrainingStep, transformer_step

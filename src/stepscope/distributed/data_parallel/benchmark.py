@@ -158,7 +158,7 @@ def _check_environment(config: DDPBenchConfig) -> None:
     """Backend and precision must work here before any rank is spawned."""
     import torch
 
-    from stepscope.distributed.launch.launcher import resolve_backend
+    from stepscope.distributed.launch.rank import resolve_backend
     from stepscope.distributed.launch.ranks import external_launch_env
     from stepscope.measure.device import check_precision
 

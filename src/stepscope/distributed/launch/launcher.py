@@ -14,8 +14,7 @@ Ctrl-C is the parent's alone (ranks are born with SIGINT blocked, then ignore it
 ranks down and lets KeyboardInterrupt through, even half-way through starting them.
 
 Who starts the ranks (torchrun, an srun job step, or this process) and how many may be spawned here:
-see `launch_env`. Under torchrun/Slurm, a rendezvous that fails (a peer that never starts, a wrong
-MASTER_ADDR/PORT) ends after `timeout_s` with a one-line `RendezvousError`.
+see `ranks`; the torchrun/Slurm path is `external`, what every rank shares `rank`.
 """
 
 from __future__ import annotations
@@ -27,109 +26,20 @@ import os
 import pickle
 import queue
 import signal
-import sys
-import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
+from stepscope.distributed.launch.external import launch_external
+from stepscope.distributed.launch.rank import LaunchConfig, init_rank, resolve_backend
 from stepscope.distributed.launch.ranks import check_local_world, external_launch_env
 from stepscope.distributed.launch.teardown import stop_processes
-from stepscope.errors import DistributedError, RendezvousError, UsageError
+from stepscope.errors import DistributedError, UsageError
 
-BACKENDS = ("auto", "gloo", "nccl")
 START_PAUSE_ENV = "STEPSCOPE_TEST_START_PAUSE_S"
 """Tests only: seconds to wait between two local rank starts (to interrupt a launch half-way, on purpose)."""
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """How to start ranks."""
-
-    world_size: int = 2
-    """Number of ranks to spawn locally (ignored under torchrun/Slurm, which set it)."""
-    backend: str = "auto"
-    """auto (nccl when every local rank has a GPU, else gloo), gloo or nccl."""
-    threads: int | None = None
-    """Intra-op CPU threads per rank; None = usable cores / local ranks (at least 1)."""
-    timeout_s: float = 60.0
-    """Collective timeout: a rank blocked this long on a peer raises instead of waiting forever."""
-    teardown_s: float = 5.0
-    """After a failure, how long ranks get to exit on SIGTERM before SIGKILL."""
-    deadline_s: float | None = None
-    """Optional limit on the whole run (a deadlocked program is stopped and reported)."""
-    master_addr: str = "127.0.0.1"
-    """Rendezvous address for locally spawned ranks."""
-    oversubscribe: bool = False
-    """Allow more than MAX_RANKS_PER_CORE locally spawned ranks per usable core."""
-
-
-@dataclass(frozen=True)
-class RankContext:
-    """What a rank function knows about its place in the job."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    backend: str
-    device: str
-    """`cuda:<local_rank>` with nccl, else `cpu`."""
-    timeout_s: float = 60.0
-    """The collective timeout; pass it to `dist.new_group(timeout=...)` too (its default is 30 minutes)."""
-
-
-# ---- backend and threads -------------------------------------------------------------------------
-def resolve_backend(backend: str, local_world_size: int) -> str:
-    """`auto` -> nccl when there is one GPU per local rank, else gloo; nccl without enough GPUs is an error."""
-    import torch
-    import torch.distributed as dist
-
-    if backend not in BACKENDS:
-        raise UsageError(f"unknown backend {backend!r}; choose {'|'.join(BACKENDS)}")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if backend == "auto":
-        return "nccl" if dist.is_nccl_available() and gpus >= local_world_size else "gloo"
-    if backend == "nccl":
-        if not dist.is_nccl_available() or gpus == 0:
-            raise UsageError("backend nccl needs CUDA GPUs and a CUDA build of PyTorch (use --backend gloo)")
-        if local_world_size > gpus:
-            raise UsageError(f"backend nccl needs one GPU per rank: {local_world_size} local ranks but only "
-                             f"{gpus} GPU(s) here")
-    elif not dist.is_gloo_available():
-        raise UsageError("this PyTorch build has no gloo backend")
-    return backend
-
-
-def default_threads(local_world_size: int) -> int:
-    from stepscope.host import usable_cores
-
-    return max(1, usable_cores() // max(1, local_world_size))
-
-
-# ---- the rank side -------------------------------------------------------------------------------
-def _init_rank(layout: dict[str, int], config: LaunchConfig, backend: str, store: Any | None) -> RankContext:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(config.threads or default_threads(layout["local_world_size"]))
-    device = "cpu"
-    if backend == "nccl":
-        torch.cuda.set_device(layout["local_rank"])
-        device = f"cuda:{layout['local_rank']}"
-    timeout = dt.timedelta(seconds=config.timeout_s)
-    if store is None:
-        dist.init_process_group(backend, init_method="env://", rank=layout["rank"],
-                                world_size=layout["world_size"], timeout=timeout)
-    else:
-        dist.init_process_group(backend, store=store, rank=layout["rank"], world_size=layout["world_size"],
-                                timeout=timeout)
-    return RankContext(rank=layout["rank"], world_size=layout["world_size"], local_rank=layout["local_rank"],
-                       local_world_size=layout["local_world_size"], backend=backend, device=device,
-                       timeout_s=config.timeout_s)
 
 
 def _spawned_rank(rank: int, world_size: int, port: int, config: LaunchConfig, backend: str,
@@ -150,7 +60,7 @@ def _spawned_rank(rank: int, world_size: int, port: int, config: LaunchConfig, b
         layout = {"rank": rank, "world_size": world_size, "local_rank": rank, "local_world_size": world_size}
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                           LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=config.master_addr, MASTER_PORT=str(port))
-        ctx = _init_rank(layout, config, backend, store)
+        ctx = init_rank(layout, config, backend, store)
         value = fn(ctx, *args)
         # pickled here, not in the queue's feeder thread: a value that cannot be sent is this rank's error,
         # not a silent exit the parent could only report as "died (exit code 0)"
@@ -179,11 +89,12 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def launch(fn: Callable[..., Any], *args: Any, config: LaunchConfig = LaunchConfig()) -> list[Any] | None:
+def launch(fn: Callable[..., Any], *args: Any, config: LaunchConfig | None = None) -> list[Any] | None:
     """Run `fn(ctx, *args)` on every rank; per-rank results in rank order (see module docstring)."""
+    config = config or LaunchConfig()
     external = external_launch_env()
     if external is not None:
-        return _launch_external(fn, args, config, external)
+        return launch_external(fn, args, config, external)
     if config.world_size < 1:
         raise UsageError(f"world size must be at least 1, got {config.world_size}")
     check_local_world(config.world_size, oversubscribe=config.oversubscribe)
@@ -305,57 +216,3 @@ def _find_deaths(processes: list[mp.process.BaseProcess], values: dict[int, Any]
             deaths[rank] = _describe_exit(process.exitcode)
 
 
-def _launch_external(fn: Callable[..., Any], args: tuple, config: LaunchConfig,
-                     layout: dict[str, int]) -> list[Any] | None:
-    """Under torchrun/Slurm: this process is one rank; results are gathered on rank 0."""
-    import torch.distributed as dist
-
-    os.environ.setdefault("MASTER_ADDR", os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
-    os.environ.setdefault("MASTER_PORT", "29500")
-    backend = resolve_backend(config.backend, layout["local_world_size"])
-    try:
-        with _held_stderr():
-            ctx = _init_rank(layout, config, backend, None)
-    except (getattr(dist, "DistError", RuntimeError), ValueError) as error:
-        # DistStoreError (rank 0: peers never joined), DistNetworkError (master unreachable), a malformed
-        # MASTER_PORT: a setup problem, said in one line instead of torch's traceback
-        cause = str(error).strip().splitlines()[0].rstrip(".") if str(error).strip() else type(error).__name__
-        address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-        raise RendezvousError((
-            f"rank {layout['rank']} of {layout['world_size']}: no process group formed at {address} within "
-            f"{config.timeout_s:g} s ({cause}); check that MASTER_ADDR/MASTER_PORT name a host every rank can "
-            f"reach and a port free there, and that all {layout['world_size']} ranks were started (torchrun "
-            "--nnodes/--nproc-per-node, srun -n)"), rank=layout["rank"]) from None
-    try:
-        value = fn(ctx, *args)
-        gathered: list[Any] | None = [None] * ctx.world_size if ctx.rank == 0 else None
-        dist.gather_object(value, gathered, dst=0)
-        return gathered
-    finally:
-        dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def _held_stderr() -> Any:
-    """Hold what is written to file descriptor 2 meanwhile: replayed when the block succeeds, dropped when
-    it raises (a failed TCPStore connect logs a C++ stack per retry; RendezvousError says it in one line)."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):  # no usable fd 2: nothing to hold
-        yield
-        return
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        succeeded = False
-        try:
-            yield
-            succeeded = True
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            if succeeded:
-                held.seek(0)
-                data = held.read()
-                if data:
-                    os.write(2, data)
