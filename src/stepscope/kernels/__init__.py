@@ -3,7 +3,7 @@
 `FlashAttentionTorch` (stepscope.kernels.flash_torch) and `FlashAttentionTriton`
 (stepscope.kernels.flash_triton) are loaded on first access, so `import stepscope.kernels` imports
 neither torch's kernels nor triton. Importing either module registers its attention backend
-(`flash-torch`, `flash-triton`) for `TransformerLM(spec, attention=...)`.
+(`flash-torch`, `flash-triton`) in `stepscope.nn.attention`. May import: errors, nn.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The shared vocabulary: model, workload (and, with the performance model, system and plan). No torch."""
+"""The shared vocabulary, pure Python (no torch): `ModelSpec` and its presets, `Workload`, `SystemSpec` (system),
+`ParallelPlan` (plan), and the gradient-bucket planner (buckets) that the DDP wrappers and the performance model
+share. May import: errors."""
 
 from stepscope.spec.model import ModelSpec, field_names
 from stepscope.spec.overrides import parse_field_value
