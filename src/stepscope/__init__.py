@@ -1,11 +1,46 @@
 """stepscope: measure, model and speed up transformer training steps.
 
-The pure-Python vocabulary (`ModelSpec`, `Workload`, presets) is importable without torch; the
-measurement side (`stepscope.nn`, `stepscope.measure`, `stepscope.distributed.launch`) imports torch when used.
+Every command is one library function, and the same call from Python writes the same records:
+
+    import stepscope
+    spec = stepscope.get_preset("small", n_layers=2)
+    stepscope.run_step_sweep([stepscope.StepConfig(model=spec, iters=5)], "stepscope-results")
+
+The pure-Python vocabulary (`ModelSpec`, `Workload`, presets) is imported at once; everything else on first
+use, so `import stepscope` stays light (no torch until a measurement needs it).
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from stepscope.spec import ModelSpec, Workload, get_preset, list_presets
 
 __version__ = "0.1.0"
 
-__all__ = ["ModelSpec", "Workload", "get_preset", "list_presets", "__version__"]
+_API = {
+    # measure: one training step and what is measured of it
+    "StepConfig": "stepscope.measure.step.config", "run_step_sweep": "stepscope.measure.step.benchmark",
+    "run_step_ab": "stepscope.measure.step.ab",
+    "ProfileConfig": "stepscope.measure.profile.config", "run_profile_sweep": "stepscope.measure.profile.benchmark",
+    "MemoryConfig": "stepscope.measure.memory.config", "run_memory_sweep": "stepscope.measure.memory.benchmark",
+    "AttentionBenchConfig": "stepscope.measure.attention.config",
+    "run_attention_sweep": "stepscope.measure.attention.benchmark",
+    "AccumulateConfig": "stepscope.measure.precision.config", "DtypesConfig": "stepscope.measure.precision.config",
+    "run_accumulate": "stepscope.measure.precision.experiments",
+    "run_dtypes": "stepscope.measure.precision.experiments",
+    # communicate: collectives, data parallelism
+    "CommConfig": "stepscope.distributed.collectives.config", "run_comm": "stepscope.distributed.collectives.session",
+    "import_comm": "stepscope.distributed.collectives.session",
+    "DDPBenchConfig": "stepscope.distributed.data_parallel.bench_config",
+    "run_ddp_sweep": "stepscope.distributed.data_parallel.benchmark",
+}
+
+__all__ = ["ModelSpec", "Workload", "get_preset", "list_presets", "__version__", *_API]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'stepscope' has no attribute {name!r}")
