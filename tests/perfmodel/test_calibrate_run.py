@@ -40,3 +40,9 @@ def test_run_calibrate_refuses_bad_settings_before_any_file(tmp_path, changes, m
     with pytest.raises(UsageError, match=message):
         run_calibrate(config, new)
     assert not new.exists()
+
+
+def test_run_calibrate_refuses_a_folder_as_the_system_file_before_the_fit(tmp_path):
+    with pytest.raises(UsageError, match="cannot write the system to .*: is a directory"):
+        run_calibrate(CalibrateConfig(records=(str(REAL),), system_out=str(tmp_path)), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
