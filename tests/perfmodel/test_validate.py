@@ -1,6 +1,10 @@
 """The model against published measured runs (Narayanan et al. 2021, Table 1), from first principles."""
 
-from stepscope.perfmodel.validate import load_dataset, median_abs_error, validate
+import pytest
+
+from stepscope.errors import UsageError
+from stepscope.perfmodel.validate import ValidateConfig, load_dataset, median_abs_error, run_validate, validate
+from stepscope.results.store import read_records
 
 
 def test_shipped_dataset_matches_the_paper_and_its_assumptions():
@@ -19,3 +23,20 @@ def test_median_absolute_error_on_the_published_runs_is_at_most_15_percent():
     rows = validate()
     assert median_abs_error(rows) <= 0.15
     assert all(0 < r.prediction.mfu_pct < 100 and r.prediction.memory.feasible for r in rows)
+
+
+def test_run_validate_writes_one_record_per_published_run(tmp_path):
+    outcome = run_validate(out=tmp_path)
+    records = read_records(tmp_path / "validate.jsonl")
+    assert outcome.path == tmp_path / "validate.jsonl" and len(records) == len(outcome.rows) == 10
+    for record, row in zip(records, outcome.rows, strict=True):
+        assert record["kind"] == "validate" and record["config"]["run"] == row.run.label
+        assert {"dataset", "run", "system", "model_spec", "batch", "seq", "precision", "mode", "plan"} == set(
+            record["config"])
+        assert record["config"]["system"] == "A100-80GB" and record["config"]["dataset"] == "narayanan2021_table1"
+        assert record["metrics"]["predicted_step_s"] == row.prediction.step_s
+        assert {"measured_step_s", "error_pct", "gpus", "mem_GiB"} <= set(record["metrics"])
+    assert outcome.summary().startswith("median absolute error:")
+    with pytest.raises(UsageError, match="invalid choice 'nope'"):
+        run_validate(ValidateConfig(dataset="nope"), tmp_path / "other")
+    assert not (tmp_path / "other").exists()

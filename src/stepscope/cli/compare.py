@@ -1,12 +1,13 @@
-"""`stepscope compare`: measured step records next to the model's prediction, error per phase."""
+"""`stepscope compare`: measured step records next to the model's prediction, error per phase.
+The work and the records: `stepscope.perfmodel.compare.run_compare`."""
 
 from __future__ import annotations
 
 import argparse
 
 from stepscope.cli.options import add_output_options
-from stepscope.cli.predict import add_system_option
-from stepscope.results.store import DEFAULT_OUT
+from stepscope.cli.options.perfmodel import add_records_options, add_system_option
+from stepscope.perfmodel.compare import CompareConfig
 
 COLUMNS = ["model", "n_layers", "batch", "seq", "precision", "forward_measured_ms", "forward_predicted_ms",
            "forward_error_pct", "backward_measured_ms", "backward_predicted_ms", "backward_error_pct",
@@ -18,44 +19,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    description="Predict every measured `step` record (same model, batch, sequence, "
                                                "precision, mode, attention) on a system and print the error per "
                                                "phase. Repeated measurements of one configuration are merged.")
-    parser.add_argument("records", nargs="*", default=[DEFAULT_OUT],
-                        help=f"record files or folders (default {DEFAULT_OUT})")
-    add_system_option(parser, default="CPU")
-    parser.add_argument("--where", action="append", default=[], metavar="FIELD=VALUES",
-                        help="only records whose config FIELD (dotted) has one of VALUES; repeatable")
+    add_records_options(parser, CompareConfig)
+    add_system_option(parser, CompareConfig)
     add_output_options(parser, resume=False)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.errors import UsageError
-    from stepscope.perfmodel.compare import compare, summary
-    from stepscope.perfmodel.records import load_records, parse_where
-    from stepscope.results.environment import base_environment
-    from stepscope.results.store import RecordStore, make_record
-    from stepscope.spec.system import load_system
+    from stepscope.perfmodel.compare import run_compare
 
-    system = load_system(args.system)
-    records = load_records(args.records, parse_where(args.where))
-    if not records.steps:
-        raise UsageError(f"no usable step records in {', '.join(map(str, args.records))}"
-                         + (" matching the filters" if args.where else ""))
-    for point in records.steps:
-        system.accelerator.matrix_peak(point.workload.precision)
-    store = RecordStore(args.out, "compare").check_writable()
+    outcome = run_compare(CompareConfig(records=tuple(args.records), where=tuple(args.where), system=args.system),
+                          args.out)
     printer = Printer(args.format)
-    comparisons = compare(records.steps, system)
-    rows = [c.row() for c in comparisons]
-    printer.emit(rows, title=f"measured vs predicted on {system.name}",
+    rows = outcome.rows()
+    printer.emit(rows, title=f"measured vs predicted on {outcome.system.name}",
                  columns=[c for c in COLUMNS if any(c in r for r in rows)])
-    printer.emit(summary(comparisons), title="absolute error per phase")
-    env = base_environment()
-    for comparison in comparisons:
-        config, metrics = comparison.record()
-        store.append(make_record("compare", config, metrics, env=env))
-    if records.attention or records.comm:
-        printer.note(f"note: {len(records.attention)} attention and {len(records.comm)} comm records are used by "
-                     "calibrate only")
-    printer.note(f"records: {store.path}")
+    printer.emit(outcome.summary(), title="absolute error per phase")
+    for note in outcome.notes():
+        printer.note(note)
+    printer.note(f"records: {outcome.path}")
     return 0

@@ -6,8 +6,10 @@
 - `evaluate`: one plan, op by op (the reference), and `layers`: its per-layer table;
 - `candidates`, `vectorized_terms`, `vectorized`: many plans at once with numpy (tested against `evaluate`);
 - `search`: enumerate and rank every valid plan;
-- `records`, `nnls`, `calibrate_fit`, `calibrate`, `compare`, `validate`: read stepscope's measured records, fit a system to
-  them, put predictions next to measurements, check against published runs.
+- `records`, `nnls`, `calibrate_fit`, `calibrate`, `compare`, `validate`: read stepscope's measured records, fit a
+  system to them, put predictions next to measurements, check against published runs;
+- the runs behind the commands, each writing its records: `predict.run_predict`, `plan.run_plan`,
+  `compare.run_compare`, `validate.run_validate`, `calibrate_run.run_calibrate` (what they share: `runs`).
 """
 
 from stepscope.perfmodel.evaluate import Prediction, evaluate

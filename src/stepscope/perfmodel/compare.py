@@ -3,17 +3,23 @@
 A measured single-process step (`stepscope step`) is predicted as the plan dp = tp = pp = cp = 1 with
 the whole batch as one micro-batch, flash attention for fused backends (sdpa, flash-*) and the unfused
 ops for `naive`. Repeated measurements of one configuration are merged (median of their medians).
-Error = (predicted − measured) / measured, per phase and for the step.
+Error = (predicted − measured) / measured, per phase and for the step. `run_compare` reads measured records,
+predicts them and appends one `compare` record per configuration.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import median
 from typing import Any
 
+from stepscope.errors import UsageError
 from stepscope.perfmodel.evaluate import Prediction, evaluate
-from stepscope.perfmodel.records import StepPoint
+from stepscope.perfmodel.records import RecordSet, StepPoint, load_records, parse_where
+from stepscope.perfmodel.runs import RunRecords, SystemLike, system_of
+from stepscope.results.store import DEFAULT_OUT
 from stepscope.spec.plan import ParallelPlan
 from stepscope.spec.system import SystemSpec
 
@@ -76,3 +82,56 @@ def summary(comparisons: list[Comparison]) -> list[dict[str, Any]]:
             phases.setdefault(phase, []).append(abs(error))
     return [{"phase": phase, "points": len(errors), "median_abs_error_pct": 100 * median(errors),
              "max_abs_error_pct": 100 * max(errors)} for phase, errors in phases.items()]
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """Which measured records to predict, and on which system."""
+
+    records: tuple[str, ...] = (DEFAULT_OUT,)
+    """Record files or folders."""
+    where: tuple[str, ...] = ()
+    """Filters `FIELD=VALUE[,VALUE]`: only records whose config FIELD (dotted) has one of the values."""
+    system: SystemLike = "CPU"
+    """System preset, TOML file or SystemSpec (default: the host the measurements usually come from)."""
+
+
+@dataclass(frozen=True)
+class CompareOutcome:
+    """Every measured configuration next to its prediction."""
+
+    system: SystemSpec
+    measured: RecordSet
+    comparisons: list[Comparison] = field(default_factory=list)
+    path: Path | None = None
+    """The records file (None: no records were written)."""
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [c.row() for c in self.comparisons]
+
+    def summary(self) -> list[dict[str, Any]]:
+        return summary(self.comparisons)
+
+    def notes(self) -> list[str]:
+        """What was read but not compared."""
+        if not (self.measured.attention or self.measured.comm):
+            return []
+        return [f"note: {len(self.measured.attention)} attention and {len(self.measured.comm)} comm records are used "
+                "by calibrate only"]
+
+
+def run_compare(config: CompareConfig = CompareConfig(), out: str | os.PathLike | None = None) -> CompareOutcome:
+    """Predict every measured step configuration of `config.records` and append one `compare` record each to
+    `<out>/compare.jsonl` (None: no records). No usable step record is a UsageError, before any output."""
+    system = system_of(config.system)
+    measured = load_records(config.records, parse_where(config.where))
+    if not measured.steps:
+        raise UsageError(f"no usable step records in {', '.join(map(str, config.records))}"
+                         + (" matching the filters" if config.where else ""))
+    for point in measured.steps:
+        system.accelerator.matrix_peak(point.workload.precision)  # the precision must exist on the system
+    records = RunRecords(out, "compare")
+    comparisons = compare(measured.steps, system)
+    for comparison in comparisons:
+        records.append(*comparison.record())
+    return CompareOutcome(system, measured, comparisons, records.path)

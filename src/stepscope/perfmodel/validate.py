@@ -18,21 +18,25 @@ not give them; none is fitted per row):
   scripts for these sizes use micro-batch 1);
 - placement: tensor parallelism inside the 8-GPU NVLink domain, then data, then pipeline parallelism
   (Megatron-LM's rank order).
+`run_validate` predicts a dataset and appends one `validate` record per run.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from statistics import median
 from typing import Any
 
 from stepscope.perfmodel.evaluate import Prediction, evaluate
+from stepscope.perfmodel.runs import DEFAULT_SYSTEM, RunRecords, SystemLike, check_choice, system_of
 from stepscope.spec import ModelSpec, Workload, get_preset
 from stepscope.spec.plan import ParallelPlan
-from stepscope.spec.system import SystemSpec, load_system
+from stepscope.spec.system import SystemSpec
 
 DATASETS = ("narayanan2021_table1",)
 
@@ -101,9 +105,50 @@ class ValidationRow:
 
 def validate(system: SystemSpec | None = None, dataset: str = "narayanan2021_table1") -> list[ValidationRow]:
     """Predict every run of `dataset` on `system` (default: the shipped A100-80GB preset)."""
-    system = system or load_system("A100-80GB")
+    system = system or system_of(DEFAULT_SYSTEM)
     return [ValidationRow(run, evaluate(run.model, run.workload, run.plan, system)) for run in load_dataset(dataset)]
 
 
 def median_abs_error(rows: list[ValidationRow]) -> float:
     return median(abs(r.error) for r in rows)
+
+
+@dataclass(frozen=True)
+class ValidateConfig:
+    """Which published runs to predict, on which system."""
+
+    system: SystemLike = DEFAULT_SYSTEM
+    """System preset, TOML file or SystemSpec."""
+    dataset: str = DATASETS[0]
+    """One of `DATASETS`."""
+
+
+@dataclass(frozen=True)
+class ValidateOutcome:
+    dataset: str
+    system: SystemSpec
+    rows: list[ValidationRow] = field(default_factory=list)
+    path: Path | None = None
+    """The records file (None: no records were written)."""
+
+    def title(self) -> str:
+        return f"{self.dataset} on {self.system.name}: predicted vs measured step time"
+
+    def summary(self) -> str:
+        """One line: the median and the largest absolute error."""
+        return (f"median absolute error: {100 * median_abs_error(self.rows):.1f}% over {len(self.rows)} runs "
+                f"(largest {100 * max(abs(r.error) for r in self.rows):.1f}%)")
+
+
+def run_validate(config: ValidateConfig = ValidateConfig(), out: str | os.PathLike | None = None) -> ValidateOutcome:
+    """Predict every run of the dataset and append one `validate` record each to `<out>/validate.jsonl`
+    (None: no records)."""
+    check_choice(config.dataset, DATASETS)
+    system = system_of(config.system)
+    records = RunRecords(out, "validate")
+    rows = validate(system, config.dataset)
+    for r in rows:
+        records.append({"dataset": config.dataset, "run": r.run.label, "system": system.name,
+                        "model_spec": r.run.model.to_dict(), **r.run.workload.to_dict(), "plan": r.run.plan.to_dict()},
+                       {k: v for k, v in r.row().items() if k not in ("run", "plan")})
+    return ValidateOutcome(config.dataset, system, rows, records.path)

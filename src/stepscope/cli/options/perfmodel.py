@@ -1,0 +1,117 @@
+"""The performance model's options, declared once for `predict`, `plan`, `compare`, `validate` and `calibrate`:
+`--system`, the workload and execution switches of a modelled step, one parallel plan (`plan_from_args`), and
+the measured records a command reads (the `records` positional and `--where`). Defaults come from the config
+dataclasses they fill (`ParallelPlan`, `ModelledWorkload`, the perfmodel run configs)."""
+
+from __future__ import annotations
+
+import argparse
+
+from stepscope.cli.options import (
+    choice,
+    config_default,
+    field_default,
+    one_value,
+    optional_value,
+    parse_list,
+    positive_int,
+    yes_no,
+)
+from stepscope.errors import UsageError
+from stepscope.perfmodel.runs import ModelledWorkload
+from stepscope.spec import MODES, PRECISIONS, ModelSpec, Workload
+from stepscope.spec.plan import RECOMPUTE, ParallelPlan
+from stepscope.spec.system import list_systems
+
+
+def add_config_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, option: str, config: type,
+                      help: str, field: str | None = None) -> None:
+    """`option` with its default from `config.<field>` (default field: the option's name in snake case), the
+    default shown at the end of the help."""
+    name = field or option.removeprefix("--").replace("-", "_")
+    parser.add_argument(option, default=config_default(config, name), help=f"{help} (default %(default)s)")
+
+
+def add_system_option(parser: argparse.ArgumentParser, config: type, option: str = "--system", field: str = "system",
+                      help: str = "system preset or TOML file") -> None:
+    """A system (preset name or TOML file), default from `config.<field>`."""
+    parser.add_argument(option, default=config_default(config, field),
+                        help=f"{help} (default %(default)s); presets: {', '.join(list_systems())}")
+
+
+def add_training_options(parser: argparse.ArgumentParser) -> None:
+    """Workload of a (distributed) step and the execution switches every plan shares."""
+    group = parser.add_argument_group("workload")
+    group.add_argument("--gpus", default=None, help="total GPUs (default: the product of the plan)")
+    group.add_argument("--global-batch", default=config_default(ModelledWorkload, "global_batch"),
+                       help="sequences per step over all replicas (predict default: dp x micro-batch)")
+    group.add_argument("--seq", default=config_default(ModelledWorkload, "seq"),
+                       help="tokens per sequence (default: the model's context_length)")
+    add_config_option(group, "--precision", ModelledWorkload, "|".join(PRECISIONS))
+    add_config_option(group, "--mode", ModelledWorkload, "|".join(MODES))
+    group = parser.add_argument_group("execution switches")
+    group.add_argument("--dropout", action="store_true", help="the run applies dropout (masks kept for backward)")
+    group.add_argument("--fp32-grads", action="store_true", help="gradients accumulated and reduced in fp32")
+    group.add_argument("--no-dp-overlap", action="store_true", help="gradient reduction after backward, not during")
+    group.add_argument("--tp-overlap", action="store_true", help="TP/CP collectives overlap their GEMMs")
+
+
+def training_from_args(args: argparse.Namespace) -> ModelledWorkload:
+    """The workload options (`add_training_options`) as given; what was left out is derived later."""
+    return ModelledWorkload(global_batch=optional_value(args.global_batch, positive_int, "--global-batch"),
+                            seq=optional_value(args.seq, positive_int, "--seq"),
+                            precision=one_value(args.precision, choice(*PRECISIONS), "--precision"),
+                            mode=one_value(args.mode, choice(*MODES), "--mode"))
+
+
+def switches_from_args(args: argparse.Namespace) -> dict[str, bool]:
+    """The execution switches (`add_training_options`) as `ParallelPlan` / `SearchSpace` fields."""
+    return {"dropout": args.dropout, "fp32_grads": args.fp32_grads, "dp_overlap": not args.no_dp_overlap,
+            "tp_overlap": args.tp_overlap}
+
+
+def add_plan_options(parser: argparse.ArgumentParser) -> None:
+    """One parallel plan (`ParallelPlan`; its defaults)."""
+    group = parser.add_argument_group("plan")
+    group.add_argument("--dp", default=None, help="data-parallel replicas (default: GPUs / (tp*pp*cp))")
+    for option, help_text in (("--tp", "tensor parallel"), ("--pp", "pipeline stages"), ("--cp", "context parallel"),
+                              ("--interleave", "virtual pipeline chunks per stage"),
+                              ("--micro-batch", "sequences per micro-batch")):
+        add_config_option(group, option, ParallelPlan, help_text)
+    group.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
+    for option, help_text, field in (("--zero", "ZeRO stage 0-3, 1 = distributed optimizer", None),
+                                     ("--recompute", "|".join(RECOMPUTE), None),
+                                     ("--flash", "fused flash attention: yes|no", "flash_attention"),
+                                     ("--placement", "nesting of the groups on ranks, innermost first", None)):
+        add_config_option(group, option, ParallelPlan, help_text, field)
+
+
+def plan_from_args(args: argparse.Namespace, spec: ModelSpec) -> tuple[ParallelPlan, Workload]:
+    """(ParallelPlan, Workload) from the command line (`add_plan_options`, `add_training_options`), validated
+    against `spec`."""
+    tp, pp, cp = (one_value(getattr(args, k), positive_int, f"--{k}") for k in ("tp", "pp", "cp"))
+    gpus = optional_value(args.gpus, positive_int, "--gpus")
+    dp = optional_value(args.dp, positive_int, "--dp")
+    if dp is None:
+        if gpus is not None and gpus % (tp * pp * cp):
+            raise UsageError(f"tp*pp*cp = {tp * pp * cp} does not divide --gpus {gpus}")
+        dp = gpus // (tp * pp * cp) if gpus is not None else 1
+    micro_batch = one_value(args.micro_batch, positive_int, "--micro-batch")
+    plan = ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=micro_batch, zero=one_value(args.zero, int, "--zero"),
+                        recompute=one_value(args.recompute, choice(*RECOMPUTE), "--recompute"),
+                        interleave=one_value(args.interleave, positive_int, "--interleave"),
+                        sequence_parallel=args.sequence_parallel, flash_attention=yes_no(args.flash, "--flash"),
+                        placement=tuple(parse_list(args.placement, str, "--placement")), **switches_from_args(args))
+    workload = training_from_args(args).workload(spec, batch=dp * micro_batch)
+    plan.check(spec, workload.batch, workload.seq, gpus)
+    return plan, workload
+
+
+def add_records_options(parser: argparse.ArgumentParser, config: type) -> None:
+    """The measured records a command reads: files or folders (`config.records`) and `--where` filters."""
+    default = list(field_default(config, "records"))
+    parser.add_argument("records", nargs="*", default=default,
+                        help=f"record files or folders (default {', '.join(default)})")
+    parser.add_argument("--where", action="append", default=list(field_default(config, "where")),
+                        metavar="FIELD=VALUES", help="only records whose config FIELD (dotted, e.g. "
+                        "model_spec.n_layers) has one of VALUES; repeatable")

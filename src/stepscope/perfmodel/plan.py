@@ -1,0 +1,101 @@
+"""`run_plan`: search every valid parallel plan of one model on N GPUs (`search`), and append one `plan` record
+per plan of the top k feasible ones, best first, with the accounting of the search."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stepscope.errors import UsageError
+from stepscope.perfmodel.runs import DEFAULT_SYSTEM, RunRecords, SystemLike, system_of
+from stepscope.perfmodel.search import SearchResult, SearchSpace, search
+from stepscope.spec import ModelSpec, Workload
+from stepscope.spec.system import SystemSpec
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """A plan search: the model, its global-batch workload, the GPUs, and where to look."""
+
+    model: ModelSpec
+    workload: Workload
+    """The step over all replicas (`batch` is the global batch)."""
+    gpus: int
+    """GPUs every plan uses."""
+    system: SystemLike = DEFAULT_SYSTEM
+    """System preset, TOML file or SystemSpec."""
+    space: SearchSpace = field(default_factory=SearchSpace)
+    """The values each plan dimension may take."""
+    top: int = 10
+    """How many of the best feasible plans to keep."""
+    threads: int = 1
+    """Evaluation threads (numpy releases the GIL; with small chunks one thread is as fast, see `search`)."""
+
+    def check(self) -> None:
+        for name in ("gpus", "top", "threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise UsageError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """The search, its best plans and the rows that show them."""
+
+    config: PlanConfig
+    system: SystemSpec
+    result: SearchResult
+    path: Path | None = None
+    """The records file (None: no records were written)."""
+
+    def summary(self) -> str:
+        """One line: what was searched, how fast, how many plans fit."""
+        r, w, threads = self.result, self.config.workload, self.config.threads
+        return (f"{self.config.model.name} on {self.config.gpus} x {self.system.name}, global batch {w.batch}, seq "
+                f"{w.seq}, {w.precision}: evaluated {r.evaluated:,} candidates in {r.seconds:.2f} s "
+                f"({r.configs_per_s:,.0f} configs/s; enumeration {r.enumerate_s:.2f} s, evaluation "
+                f"{r.evaluate_s:.2f} s on {threads} thread{'s' if threads > 1 else ''}); "
+                f"{r.feasible:,} fit in memory")
+
+    def rejected_rows(self) -> list[dict[str, Any]]:
+        """Per rule, how many candidates it excluded (most first) and why one of them was excluded."""
+        return [{"rule": rule, "rejected": count, "example": self.result.examples.get(rule, "")}
+                for rule, count in sorted(self.result.rejected.items(), key=lambda kv: -kv[1])]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The top plans, best first, with where their step goes."""
+        rows = []
+        for rank, (plan, m) in enumerate(self.result.top, 1):
+            comm = m["tp_comm_s"] + m["cp_comm_s"] + m["pp_comm_s"] + m["dp_comm_s"]
+            compute = m["forward_compute_s"] + m["backward_compute_s"] + m["recompute_s"]
+            rows.append({"rank": rank, "plan": plan.describe(), "placement": ",".join(plan.placement),
+                         "tokens_per_s": m["tokens_per_s"], "step_s": m["step_s"], "mfu_pct": m["mfu_pct"],
+                         "mem_GiB": m["mem_GiB"], "compute_pct": 100 * compute / m["step_s"],
+                         "comm_pct": 100 * comm / m["step_s"], "bubble_pct": 100 * m["bubble_s"] / m["step_s"],
+                         "equivalent": m["equivalent_plans"]})
+        return rows
+
+
+def run_plan(config: PlanConfig, out: str | os.PathLike | None = None, *,
+             progress: Callable[[int, int], None] | None = None) -> PlanOutcome:
+    """Search `config` and append a `plan` record per top plan to `<out>/plan.jsonl` (None: no records).
+    `progress(done, total)` follows the evaluation. No feasible plan: an outcome with an empty top (and no
+    records); `result.why_none()` says which rule left none."""
+    config.check()
+    spec, workload = config.model, config.workload
+    system = system_of(config.system)
+    workload.check_fits(spec.context_length)
+    system.accelerator.matrix_peak(workload.precision)  # the precision must exist on the system
+    records = RunRecords(out, "plan")
+    result = search(spec, workload, system, config.gpus, config.space, top_k=config.top, threads=config.threads,
+                    progress=progress)
+    for rank, (plan, m) in enumerate(result.top, 1):
+        records.append({"model": spec.name, "model_spec": spec.to_dict(), **workload.to_dict(), "gpus": config.gpus,
+                        "system": system.name, "rank": rank, "plan": plan.to_dict()},
+                       {**{k: v for k, v in m.items() if k != "feasible"}, "search_evaluated": result.evaluated,
+                        "search_feasible": result.feasible, "search_s": result.seconds,
+                        "search_configs_per_s": result.configs_per_s})
+    return PlanOutcome(config, system, result, records.path)
