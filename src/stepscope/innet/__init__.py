@@ -5,8 +5,9 @@
   `switch_process`: the switch as a separate process.
 - `worker` (+ `job_config`, `worker_engine`, `worker_op`, `rto`): the all-reduce client; `faults`: fault
   injection.
-- `ddp_hook`: a DDP communication hook (imports torch); `train`, `bench`, `timeout_profile`: the commands'
-  library functions; `simulator`: a discrete-event model of the protocol at line rate.
+- `ddp_hook`: a DDP communication hook (imports torch); `bench`, `timeout_profile`, `train` (run through
+  `runner`), `sim_sweep` (over `simulator`, a discrete-event model of the protocol at line rate) and
+  `switch_process.run_switch`: the commands' library functions, each writing its own records.
 
     from stepscope import innet
     innet.init("127.0.0.1:9000", rank=r, world=n, job_id=7)   # or rank/world/job id from torch.distributed
