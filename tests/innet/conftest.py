@@ -8,14 +8,15 @@ from typing import Any
 
 import pytest
 
+from stepscope.innet.job_config import JobConfig
 from stepscope.innet.switch import Switch, SwitchConfig
-from stepscope.innet.worker import InnetJob, JobConfig
+from stepscope.innet.worker import InnetJob
 
 
 @pytest.fixture
 def switch():
     """A real switch on a UDP port the OS picked, served by a thread of this process."""
-    with Switch(SwitchConfig()) as running:
+    with Switch(SwitchConfig(port=0)) as running:
         yield running
 
 

@@ -28,7 +28,8 @@ def ddp_rank(ctx, switch_address, job_ids):
 
     from stepscope.distributed.data_parallel import DDPBucketed
     from stepscope.innet.ddp_hook import InnetHookState, innet_hook
-    from stepscope.innet.worker import InnetJob, JobConfig
+    from stepscope.innet.job_config import JobConfig
+    from stepscope.innet.worker import InnetJob
     from stepscope.nn import TransformerLM
     from stepscope.spec import get_preset
 
@@ -43,8 +44,8 @@ def ddp_rank(ctx, switch_address, job_ids):
     initial = [p.detach().clone() for p in fresh().parameters()]
     model = fresh()
     reference = _train(DistributedDataParallel(model), model, tokens, targets)
-    out = {"moved": max(float((a - b).abs().max()) for a, b in zip(reference, initial))}
-    for name, job_id in zip(("torch", "bucketed"), job_ids):
+    out = {"moved": max(float((a - b).abs().max()) for a, b in zip(reference, initial, strict=True))}
+    for name, job_id in zip(("torch", "bucketed"), job_ids, strict=True):
         lines = []
         job = InnetJob(JobConfig(switch=switch_address, job_id=job_id, rank=ctx.rank, world=ctx.world_size,
                                  pipes=1, slots=16, timeout_s=20), log=lines.append).join()
@@ -54,7 +55,7 @@ def ddp_rank(ctx, switch_address, job_ids):
         wrapper.register_comm_hook(InnetHookState(job), innet_hook)
         trained = _train(wrapper, model, tokens, targets)
         job.close()
-        out[name] = max(float((a - b).abs().max()) for a, b in zip(trained, reference))
+        out[name] = max(float((a - b).abs().max()) for a, b in zip(trained, reference, strict=True))
         out[f"{name}_ops"] = len(lines)
         out[f"{name}_line"] = lines[-1]
         if name == "bucketed":

@@ -13,9 +13,10 @@ from tests.innet.conftest import job, run_ranks
 
 COUNTERS = ("ok", "to", "kr", "re", "dup", "old")
 WORLD, NUMEL = 3, 640  # k = 64: 10 data blocks + 8 prologue blocks (slots 8) = 18 blocks
+NO_FAULTS = FaultConfig()
 
 
-def emulate(switch, job_id, k=None, straggle_s=0.0, faults=FaultConfig(), sto_ms=5.0):
+def emulate(switch, job_id, k=None, straggle_s=0.0, faults=NO_FAULTS, sto_ms=5.0):
     def rank(r):
         member = job(switch, r, WORLD, job_id=job_id, pipes=1, slots=8, rto_ms=1000, rto_max_ms=2000,
                      sto_ms=sto_ms, faults=faults)

@@ -13,7 +13,7 @@ ADDRESSES = [("127.0.0.1", 40000 + r) for r in range(8)]
 
 
 def make_switch(world, job=5, sto_ticks=16, k=4, slots=2, history=8, **config):
-    switch = Switch(SwitchConfig(**config))
+    switch = Switch(SwitchConfig(port=0, **config))  # a port the OS picks
     params = p.JoinParams(k, slots, sto_ticks, history)
     for rank in range(world):
         reply = switch.handle(p.pack(p.JOIN, job, 0, 0, 0, rank, world, 0, values=params.to_values()),
@@ -120,7 +120,7 @@ def test_jobs_never_mix_and_foreign_packets_are_counted():
 
 
 def test_a_full_table_evicts_the_longest_silent_job_that_never_completed_a_block():
-    switch = Switch(SwitchConfig(max_jobs=3, evict_after_s=5.0))
+    switch = Switch(SwitchConfig(port=0, max_jobs=3, evict_after_s=5.0))
     params = p.JoinParams(4, 2, 16, 8).to_values()
 
     def join(job_id, rank, world, address, now):
@@ -144,7 +144,7 @@ def test_a_full_table_evicts_the_longest_silent_job_that_never_completed_a_block
 def test_switch_survives_random_datagrams_without_growing():
     """10,000 random and mutated datagrams over real UDP: no crash, bounded memory, all counted; the jobs
     stray JOINs create fill the table, and a real job still gets in without waiting for idle_s (300 s)."""
-    with Switch(SwitchConfig(max_jobs=8, evict_after_s=0.5)) as switch:
+    with Switch(SwitchConfig(port=0, max_jobs=8, evict_after_s=0.5)) as switch:
         _fuzz(switch)
 
 

@@ -37,7 +37,7 @@ def test_exact_ints_and_bounded_floats_under_loss_duplication_and_reordering(swi
 
     results = run_ranks(world, rank)
     total = np.sum(ints, axis=0, dtype=np.int64)
-    for a, b, c, counters, d in results:
+    for a, b, c, _counters, d in results:
         assert np.array_equal(a, total.astype(np.int32))
         assert np.array_equal(d, (np.sign(total) * (np.abs(total) // world)).astype(np.int32))  # C's int division
         assert check_result(d, ints, values_per_packet=64, average=True).wrong == 0
@@ -109,7 +109,7 @@ def test_a_silent_switch_fails_within_the_connect_timeout():
 
 
 def test_a_switch_that_dies_mid_job_fails_the_op_within_the_timeout():
-    switch = Switch(SwitchConfig()).start()
+    switch = Switch(SwitchConfig(port=0)).start()
     member = InnetJob(JobConfig(switch=address(switch), world=2, rank=0, timeout_s=1.0), log=lambda _: None)
     member.join(wait_all=False)
     switch.stop()  # rank 1 never comes, and now the switch is gone too
@@ -133,7 +133,7 @@ def test_a_job_pausing_between_all_reduces_is_kept_alive(monkeypatch):
     from stepscope.innet import worker_engine
 
     monkeypatch.setattr(worker_engine, "KEEPALIVE_S", 0.1)
-    with Switch(SwitchConfig(idle_s=0.5)) as short_memory:  # forgets a job silent for 0.5 s
+    with Switch(SwitchConfig(port=0, idle_s=0.5)) as short_memory:  # forgets a job silent for 0.5 s
 
         def rank(r):
             with job(short_memory, r, 2, job_id=41, timeout_s=5) as member:

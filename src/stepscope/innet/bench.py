@@ -1,8 +1,9 @@
 """`stepscope innet bench`: in-network all-reduce through a real switch process vs gloo all-reduce, side by
 side in one run: latency and algbw per size, per-op (each op waited) and batch (ops issued together).
 
-Every rank runs both implementations alternately (innet, gloo, gloo, innet, ...) after a barrier, so drift
-and noise hit both alike. The latency of an iteration is the slowest rank's time (the op is done when
+Every rank runs both implementations alternately through the interleaved harness
+(`measure.timer.interleaved_rounds`: innet gloo, gloo innet, ...), each op after a barrier, so drift and
+noise hit both alike. The latency of an iteration is the slowest rank's time (the op is done when
 every rank has the result). algbw = size x 8 / latency (Gb/s); in batch mode size x ops / time.
 The first result of every cell is checked against a local reference before anything is timed; `check`
 verifies every result. Rank 0 appends one record per cell as soon as it is measured (Ctrl-C keeps them).
@@ -10,6 +11,7 @@ verifies every result. Rank 0 appends one record per cell as soon as it is measu
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -18,8 +20,11 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import UsageError
+from stepscope.innet.job_config import JobConfig, shared_job_id
 from stepscope.innet.reference import CheckResult, check_result, reference_input
-from stepscope.innet.worker import InnetJob, JobConfig, shared_job_id
+from stepscope.innet.runner import RunOutcome, check_job, record_settings, run_ranks, start_run
+from stepscope.innet.worker import InnetJob
+from stepscope.results.store import RecordStore, make_record
 
 MODES = ("per-op", "batch")
 COUNTER_COLUMNS = ("ok", "to", "kr", "re", "dup", "old", "bad")
@@ -56,7 +61,7 @@ class BenchConfig:
     seed: int = 0
     """Seed of the inputs and of the straggler decisions."""
     job: JobConfig = field(default_factory=JobConfig)
-    """Switch address, packet and timer settings and faults; rank, world and job id are set per run."""
+    """Packet and timer settings and faults; the switch (`run_bench`'s), rank, world and job id are set per run."""
 
     def validate(self) -> None:
         if self.world < 1:
@@ -71,23 +76,18 @@ class BenchConfig:
             raise UsageError(f"-k must be 1..world ({self.world})")
         if self.batch < 1 or self.iters < 1 or self.warmup < 0:
             raise UsageError("--batch and --iters must be >= 1, --warmup >= 0")
-        replace(self.job, rank=0, world=self.world).validate()
-        if self.job.faults.straggler is not None:
-            self.job.faults.straggler.validate(self.world)
+        check_job(self.job, self.world)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["job"] = self.job.shared_settings()
-        return out
+        return record_settings(self)
 
 
-def bench_rank(ctx: Any, config: BenchConfig, store_dir: str | None) -> list[dict[str, Any]]:
-    """One rank of the benchmark (runs under the launcher); rank 0 returns the rows."""
-    import torch
+def bench_rank(ctx: Any, config: BenchConfig, out: str | os.PathLike | None) -> list[dict[str, Any]]:
+    """One rank of the benchmark (runs under the launcher); rank 0 appends each cell's record to
+    `<out>/innet-bench.jsonl` as soon as it is measured and returns the rows."""
     import torch.distributed as dist
 
     from stepscope.measure.environment import torch_environment
-    from stepscope.results.store import RecordStore, make_record
 
     # the job id is drawn on rank 0 and shared: under torchrun every rank runs `run_bench` itself
     job = InnetJob(replace(config.job, rank=ctx.rank, world=ctx.world_size, job_id=shared_job_id()),
@@ -95,49 +95,27 @@ def bench_rank(ctx: Any, config: BenchConfig, store_dir: str | None) -> list[dic
     job.join()
     straggler = config.job.faults.straggler
     rng = random.Random(config.seed * 7919 + ctx.rank)
-    store = RecordStore(store_dir, "innet-bench") if store_dir and ctx.rank == 0 else None
+    store = RecordStore(out, "innet-bench") if out is not None and ctx.rank == 0 else None
     env = torch_environment("cpu", ctx.world_size) if ctx.rank == 0 else {}
+    rounds = config.warmup + config.iters
     rows = []
     step = 0
     try:
         for size in config.sizes_bytes:
-            numel = size // 4
-            inputs = [reference_input(config.seed, r, numel, config.dtype) for r in range(ctx.world_size)]
-            mine = inputs[ctx.rank]
+            inputs = [reference_input(config.seed, r, size // 4, config.dtype) for r in range(ctx.world_size)]
             for mode in config.modes:
-                ops = config.batch if mode == "batch" else 1
-                buffers = [np.empty_like(mine) for _ in range(ops)]
-                tensors = [torch.from_numpy(np.empty_like(mine)) for _ in range(ops)]
-                check = CheckResult()
+                # one straggle decision per round, drawn in round order; the steps go on across cells
+                delays = [straggler.delay_for(ctx.rank, step + i, rng) if straggler else 0.0 for i in range(rounds)]
+                step += rounds
                 stats_before = job.stats() if ctx.rank == 0 else {}
                 worker_before = job.counters
-                innet_times, gloo_times = [], []
-                for it in range(config.warmup + config.iters):
-                    delay = straggler.delay_for(ctx.rank, step, rng) if straggler else 0.0
-                    step += 1
-                    order = ("innet", "gloo") if it % 2 == 0 else ("gloo", "innet")
-                    for impl in order:
-                        if impl == "gloo" and not config.gloo:
-                            continue
-                        dist.barrier()
-                        if impl == "innet":
-                            seconds, pendings = _time_innet(job, buffers, mine, config, delay)
-                            if it == 0 or config.check:
-                                for pending, buffer in zip(pendings, buffers):
-                                    check.add(check_result(buffer, inputs, values_per_packet=job.config.k,
-                                                           average=config.op == "avg",
-                                                           contributors=pending.op.contributors))
-                            if it >= config.warmup:
-                                innet_times.append(seconds)
-                        else:
-                            seconds = _time_gloo(tensors, mine, config, delay, ctx.world_size)
-                            if it >= config.warmup:
-                                gloo_times.append(seconds)
+                samples, check = _time_cell(job, config, mode, inputs, ctx.rank, delays)
                 stats_after = job.stats() if ctx.rank == 0 else {}
                 worker = {name: value - worker_before.get(name, 0) for name, value in job.counters.items()}
                 gathered: list[Any] = [None] * ctx.world_size
-                dist.all_gather_object(gathered, (innet_times, gloo_times, asdict(check), worker))
+                dist.all_gather_object(gathered, (samples["innet"], samples.get("gloo", []), asdict(check), worker))
                 if ctx.rank == 0:
+                    ops = config.batch if mode == "batch" else 1
                     row = _row(config, size, mode, ops, gathered, stats_before, stats_after)
                     rows.append(row)
                     if store is not None:
@@ -148,6 +126,36 @@ def bench_rank(ctx: Any, config: BenchConfig, store_dir: str | None) -> list[dic
     finally:
         job.close()
     return rows
+
+
+def _time_cell(job: InnetJob, config: BenchConfig, mode: str, inputs: list[np.ndarray], rank: int,
+               delays: list[float]) -> tuple[dict[str, list[float]], CheckResult]:
+    """One cell's rounds through the interleaved harness (innet gloo, gloo innet, ...), each op after a
+    barrier; the first innet result is checked (every one with `check`). Seconds per round and label."""
+    import torch
+    import torch.distributed as dist
+
+    from stepscope.measure.timer import interleaved_rounds
+
+    mine = inputs[rank]
+    ops = config.batch if mode == "batch" else 1
+    buffers = [np.empty_like(mine) for _ in range(ops)]
+    tensors = [torch.from_numpy(np.empty_like(mine)) for _ in range(ops)]
+    check = CheckResult()
+
+    def run(impl: str, round_index: int) -> float:
+        dist.barrier()
+        if impl == "gloo":
+            return _time_gloo(tensors, mine, config, delays[round_index], len(inputs))
+        seconds, pendings = _time_innet(job, buffers, mine, config, delays[round_index])
+        if round_index == 0 or config.check:
+            for pending, buffer in zip(pendings, buffers, strict=True):
+                check.add(check_result(buffer, inputs, values_per_packet=job.config.k, average=config.op == "avg",
+                                       contributors=pending.op.contributors))
+        return seconds
+
+    labels = ["innet", "gloo"] if config.gloo else ["innet"]
+    return interleaved_rounds(labels, run, warmup=config.warmup, iters=config.iters), check
 
 
 def _time_innet(job: InnetJob, buffers: list[np.ndarray], source: np.ndarray, config: BenchConfig,
@@ -206,17 +214,21 @@ def _row(config: BenchConfig, size: int, mode: str, ops: int, gathered: list[Any
     return row
 
 
-def run_bench(config: BenchConfig, store_dir: str | None = None,
-              spawn_switch: bool = True) -> list[dict[str, Any]] | None:
-    """Run the benchmark on `config.world` launched ranks against a switch process started for the run
-    (or, with `spawn_switch=False`, the running switch at `config.job.switch`); rank 0's rows (None on the
-    other ranks under torchrun/Slurm)."""
-    from stepscope.distributed.launch.launcher import LaunchConfig, launch
-    from stepscope.innet.switch_process import switch_for
+class BenchOutcome(RunOutcome[BenchConfig]):
+    """`run_bench`'s outcome: the config as run and a row per cell."""
 
-    config.validate()
-    with switch_for(None if spawn_switch else config.job.switch, store_dir) as address:
-        run = replace(config, job=replace(config.job, switch=address))
-        results = launch(bench_rank, run, store_dir,
-                         config=LaunchConfig(world_size=config.world, threads=1, timeout_s=120))
-    return None if results is None else results[0]
+    @property
+    def wrong_elements(self) -> int:
+        """Elements of in-network results that differed from the reference (a failed benchmark if any)."""
+        return sum(row.get("wrong_elements", 0) for row in self.rows)
+
+
+def run_bench(config: BenchConfig, out: str | os.PathLike | None = None, *,
+              switch: str | None = None) -> BenchOutcome | None:
+    """Run the benchmark on `config.world` launched ranks (under torchrun/Slurm: theirs) against the running
+    switch at `switch` (None: a switch process started for the run; required under torchrun/Slurm), one
+    `innet-bench` record per cell in `<out>/innet-bench.jsonl` (None: none). Rank 0's outcome; None on the
+    other ranks under torchrun/Slurm."""
+    config, store = start_run(config, out, switch, "innet-bench")
+    results = run_ranks(bench_rank, config, out, out=out, switch=switch, timeout_s=120)
+    return None if results is None else BenchOutcome(config, results[0], None if store is None else store.path)

@@ -7,7 +7,8 @@ a datagram back and releases it after the next one (or after `reorder_hold_s`). 
 a seeded generator, so a run can be repeated.
 
 Stragglers: `StragglerSpec.parse("ranks=1;delay=20ms;prob=1;steps=3-5")` makes rank 1 sleep 20 ms before
-steps 3 to 5 (the bench's ops, the training's backward passes).
+steps 3 to 5 (the bench's ops, the training's backward passes). Rank -1 is the last rank of a world not
+known yet (`innet train`'s default straggler): `for_world` names it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stepscope.errors import UsageError
 
@@ -25,7 +26,7 @@ class StragglerSpec:
     """Which ranks straggle, when, how likely and by how much."""
 
     ranks: tuple[int, ...] = (0,)
-    """Ranks that may straggle."""
+    """Ranks that may straggle (-1: the last rank, once `for_world` named it)."""
     delay_s: float = 0.0
     """How long a straggling rank sleeps before the step."""
     probability: float = 1.0
@@ -61,12 +62,18 @@ class StragglerSpec:
         return spec
 
     def validate(self, world: int | None = None) -> None:
+        """Without a world, rank -1 (the last) may stand; against a world, every rank must be one of it."""
         if self.delay_s < 0 or not 0 <= self.probability <= 1:
             raise UsageError("--straggler needs delay >= 0 and 0 <= prob <= 1")
-        if any(r < 0 for r in self.ranks) or (world is not None and any(r >= world for r in self.ranks)):
+        lowest = -1 if world is None else 0
+        if any(r < lowest for r in self.ranks) or (world is not None and any(r >= world for r in self.ranks)):
             raise UsageError(f"--straggler ranks {list(self.ranks)} must be in 0..{(world or 1) - 1}")
         if self.steps is not None and (self.steps[0] < 0 or self.steps[1] < self.steps[0]):
             raise UsageError("--straggler steps must be N or A-B with 0 <= A <= B")
+
+    def for_world(self, world: int) -> StragglerSpec:
+        """This spec with rank -1 named as the last rank of `world`."""
+        return replace(self, ranks=tuple(world - 1 if r == -1 else r for r in self.ranks))
 
     def delay_for(self, rank: int, step: int, rng: random.Random) -> float:
         """Seconds this rank sleeps before `step` (0 when it does not straggle)."""

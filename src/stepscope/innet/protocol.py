@@ -216,10 +216,6 @@ def sto_ticks_from_ms(sto_ms: float) -> int:
     return int(math.ceil(ticks - 1e-9))
 
 
-def ticks_to_ms(ticks: int) -> float:
-    return ticks * TICK_S * 1e3
-
-
 # A STATS request for job id 0 asks for the switch's own totals, in this order (a liveness probe too).
 SWITCH_COUNTERS = ("jobs", "rx", "tx", "bad", "tx_dropped", "internal_errors", "jobs_created", "jobs_finished",
                    "jobs_expired", "joins_rejected", "jobs_evicted")
@@ -231,7 +227,8 @@ def stats_payload(counters: dict[str, int], names: tuple[str, ...] = COUNTERS) -
 
 def stats_from_payload(data: bytes, count: int, names: tuple[str, ...] = COUNTERS) -> dict[str, int]:
     values = np.frombuffer(data, dtype="<i8", count=count // 2, offset=HEADER_BYTES)
-    return {name: int(v) for name, v in zip(names, values)}
+    # a reply may name fewer or more counters than `names` (another version): the common ones count
+    return {name: int(v) for name, v in zip(names, values, strict=False)}
 
 
 def bitmap_words(mask: int, world: int) -> np.ndarray:

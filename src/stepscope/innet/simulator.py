@@ -49,7 +49,7 @@ class SimConfig:
     """Slot pool s (packets in flight per worker)."""
     window: int | None = None
     """Outstanding packets per worker (None = slots)."""
-    op_bytes: int = 100_000_000
+    op_bytes: int = 100 << 20
     """Bytes per all-reduce (float32)."""
     workload: str = "one"
     """one op; `ops` ops each waited; or `ops` ops issued together (batch)."""

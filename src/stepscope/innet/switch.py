@@ -27,6 +27,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from stepscope.errors import UsageError
 from stepscope.innet import protocol as p
 from stepscope.innet.switch_job import Send, SwitchJob
 
@@ -39,7 +40,7 @@ class SwitchConfig:
 
     host: str = "127.0.0.1"
     """Address to bind (0.0.0.0 to serve other machines)."""
-    port: int = 0
+    port: int = 9000
     """UDP port; 0 lets the OS pick (the chosen port is in `Switch.address`)."""
     max_jobs: int = 64
     """Jobs served at once; a JOIN beyond this is rejected."""
@@ -53,6 +54,10 @@ class SwitchConfig:
     """Longest wait on the socket, so a stop request is seen promptly."""
     finished_jobs_kept: int = 256
     """Counters of finished jobs kept for the exit summary."""
+
+    def validate(self) -> None:
+        if not 0 <= self.port < 65_536:
+            raise UsageError(f"--port must be 0..65535, got {self.port}")
 
 
 class Switch:

@@ -1,5 +1,6 @@
-"""The switch as a real separate process: `run_switch` is what `stepscope innet switch` runs, and
-`SwitchProcess` starts that command as a child on a port the OS picks (bench, train, tests).
+"""The switch as a real separate process: `run_switch` is what `stepscope innet switch` runs (it serves,
+then records every job's counters and its totals, `innet-switch`), and `SwitchProcess` starts that command
+as a child on a port the OS picks (bench, train, tests); `probe` asks a running switch for its totals.
 
 The child prints `innet switch listening on HOST:PORT` first; the parent reads that line (with a
 timeout), so no port is ever guessed, and keeps reading the child's output on a thread (a full pipe would
@@ -24,13 +25,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from stepscope.distributed.launch.teardown import stop_processes
+from stepscope.errors import UsageError
+from stepscope.innet import protocol as p
 from stepscope.innet.switch import Switch, SwitchConfig
+from stepscope.results.environment import base_environment
+from stepscope.results.store import RecordStore, make_record
 
 READY_PREFIX = "innet switch listening on "
 
@@ -44,13 +48,36 @@ class SwitchRun:
     seconds: float
     interrupted: bool
 
+    def job_rows(self) -> list[dict[str, Any]]:
+        """One row per job served: its id (as text: an id, not a number to sum) and its counters."""
+        return [{"job": str(job_id), **counters} for job_id, counters in self.jobs.items()]
 
-def run_switch(config: SwitchConfig, *, duration_s: float | None = None, stats_interval_s: float | None = None,
-               say: Callable[[str], None] | None = None, stop_on_stdin_eof: bool = False) -> SwitchRun:
-    """Serve until SIGINT/SIGTERM (or `duration_s`, or the end of stdin when `stop_on_stdin_eof`);
-    returns the counters."""
-    say = say or (lambda line: print(line, flush=True))
-    switch = Switch(config)
+    def totals(self) -> dict[str, int]:
+        """The switch's own counters, named `switch_<counter>`."""
+        return {f"switch_{name}": value for name, value in self.counters.items()}
+
+
+def run_switch(config: SwitchConfig, out: str | os.PathLike | None = None, *, duration_s: float | None = None,
+               stats_interval_s: float | None = None, say: Callable[[str], None] | None = None,
+               stop_on_stdin_eof: bool = False) -> SwitchRun:
+    """Serve until SIGINT/SIGTERM (or `duration_s`, or the end of stdin when `stop_on_stdin_eof`), then
+    append one `innet-switch` record per job served and one of the totals to `<out>/innet-switch.jsonl`
+    (None: no records); returns the counters. An address it cannot bind is a usage error."""
+    config.validate()
+    store = RecordStore(out, "innet-switch").check_writable() if out is not None else None
+    try:
+        switch = Switch(config)
+    except OSError as error:
+        raise UsageError(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
+    run = _serve(switch, duration_s, stats_interval_s, say or (lambda line: print(line, flush=True)),
+                 stop_on_stdin_eof)
+    if store is not None:
+        _record(store, config, run)
+    return run
+
+
+def _serve(switch: Switch, duration_s: float | None, stats_interval_s: float | None, say: Callable[[str], None],
+           stop_on_stdin_eof: bool) -> SwitchRun:
     stop = threading.Event()
     interrupted = {"sigint": False}
 
@@ -80,6 +107,16 @@ def run_switch(config: SwitchConfig, *, duration_s: float | None = None, stats_i
             signal.signal(sig, handler)
         switch.sock.close()
     return SwitchRun(dict(switch.counters), switch.job_counters(), time.monotonic() - start, interrupted["sigint"])
+
+
+def _record(store: RecordStore, config: SwitchConfig, run: SwitchRun) -> None:
+    env = base_environment()
+    where = {"host": config.host, "port": config.port}  # as asked (0: the port the OS picked is not kept)
+    for row in run.job_rows():
+        store.append(make_record("innet-switch", {**where, "job": row["job"]},
+                                 {name: row[name] for name in p.COUNTERS}, env=env))
+    store.append(make_record("innet-switch", {**where, "job": None}, {**run.totals(), "served_s": run.seconds},
+                             env=env))
 
 
 def _report_every(switch: Switch, interval_s: float, stop: threading.Event, say: Callable[[str], None]) -> None:
@@ -182,9 +219,6 @@ class SwitchProcess:
 
 def probe(address: str, timeout_s: float = 2.0) -> dict[str, int]:
     """The totals of the switch at host:port (a STATS request for job 0); UsageError if none answers."""
-    from stepscope.errors import UsageError
-    from stepscope.innet import protocol as p
-
     host, _, port = address.rpartition(":")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         try:
@@ -202,14 +236,3 @@ def probe(address: str, timeout_s: float = 2.0) -> dict[str, int]:
             raise UsageError(f"no innet switch answers at {address} ({reason})") from None
     raise UsageError(f"no innet switch answers at {address} within {timeout_s:g} s")
 
-
-@contextmanager
-def switch_for(address: str | None, out_dir: str | None = None) -> Iterator[str]:
-    """`address` when the user named a running switch (checked first); else a switch process started for
-    the run (its counters recorded in `out_dir`, if given)."""
-    if address:
-        probe(address)
-        yield address
-        return
-    with SwitchProcess(out_dir=out_dir) as process:
-        yield process.address

@@ -14,18 +14,22 @@ draws the same straggle decisions (the generator restarts per cell), so cells di
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from stepscope.errors import UsageError
+from stepscope.innet.job_config import JobConfig, shared_job_id
 from stepscope.innet.protocol import sto_ticks_from_ms
 from stepscope.innet.reference import reference_input
-from stepscope.innet.worker import InnetJob, JobConfig, shared_job_id
+from stepscope.innet.runner import RunOutcome, check_job, record_settings, run_ranks, start_run
+from stepscope.innet.worker import InnetJob
+from stepscope.results.store import RecordStore, make_record
 
 WORKLOADS = ("one", "waited", "batch")
 WORKLOAD_TITLES = {"one": "1 op", "waited": "{ops} ops waited", "batch": "{ops} ops batch"}
@@ -52,7 +56,7 @@ class ProfileConfig:
     seed: int = 0
     """Seed of the inputs."""
     job: JobConfig = field(default_factory=JobConfig)
-    """Switch and packet settings (STO, RTO, rank, world and job id set per cell)."""
+    """Packet settings and faults (the switch, STO, RTO, rank, world and job id set per cell)."""
 
     @property
     def min_count(self) -> int:
@@ -69,15 +73,12 @@ class ProfileConfig:
             raise UsageError("--size must be a multiple of 4 bytes and --ops >= 1")
         if any(w not in WORKLOADS for w in self.workloads) or not self.workloads:
             raise UsageError(f"--workload must be among {', '.join(WORKLOADS)}")
+        check_job(self.job, self.world)  # the template as given, then as each RTO of the sweep runs it
         for rto in self.rto_ms:
-            replace(self.job, rank=0, world=self.world, rto_ms=rto, rto_max_ms=max(rto, self.job.rto_max_ms)).validate()
-        if self.job.faults.straggler is not None:
-            self.job.faults.straggler.validate(self.world)
+            check_job(self.job, self.world, rto_ms=rto, rto_max_ms=max(rto, self.job.rto_max_ms))
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["job"] = self.job.shared_settings()
-        return out
+        return record_settings(self)
 
     def cells(self) -> list[tuple[float, float, str]]:
         """(STO, RTO, workload): all workloads at the first RTO, the waited one at the others."""
@@ -89,17 +90,17 @@ class ProfileConfig:
         return out
 
 
-def profile_rank(ctx: Any, config: ProfileConfig, store_dir: str | None) -> list[dict[str, Any]]:
-    """One rank of the sweep; rank 0 returns a row per cell and appends its record at once."""
+def profile_rank(ctx: Any, config: ProfileConfig, out: str | os.PathLike | None) -> list[dict[str, Any]]:
+    """One rank of the sweep; rank 0 returns a row per cell and appends its record to
+    `<out>/innet-timeout-profile.jsonl` at once."""
     import torch.distributed as dist
 
     from stepscope.measure.environment import torch_environment
-    from stepscope.results.store import RecordStore, make_record
 
     numel = config.size_bytes // 4
     source = reference_input(config.seed, ctx.rank, numel, "f32")
     buffers = [np.empty_like(source) for _ in range(config.ops)]
-    store = RecordStore(store_dir, "innet-timeout-profile") if store_dir and ctx.rank == 0 else None
+    store = RecordStore(out, "innet-timeout-profile") if out is not None and ctx.rank == 0 else None
     env = torch_environment("cpu", ctx.world_size) if ctx.rank == 0 else {}
     straggler = config.job.faults.straggler
     rows = []
@@ -116,14 +117,14 @@ def profile_rank(ctx: Any, config: ProfileConfig, store_dir: str | None) -> list
             start = time.perf_counter()
             if workload == "batch":
                 pendings = []
-                for delay, buffer in zip(delays, buffers[:count]):
+                for delay, buffer in zip(delays, buffers[:count], strict=True):
                     if delay:
                         time.sleep(delay)  # this rank straggles: this op (and those after it) issue late
                     pendings.append(job.submit(buffer, "avg", config.min_count))
                 for pending in pendings:
                     pending.wait()
             else:
-                for delay, buffer in zip(delays, buffers[:count]):
+                for delay, buffer in zip(delays, buffers[:count], strict=True):
                     if delay:
                         time.sleep(delay)
                     job.all_reduce(buffer, "avg", config.min_count)
@@ -146,18 +147,15 @@ def profile_rank(ctx: Any, config: ProfileConfig, store_dir: str | None) -> list
     return rows
 
 
-def run_profile(config: ProfileConfig, store_dir: str | None = None, spawn_switch: bool = True) -> list[dict] | None:
-    """Run the sweep on `config.world` launched ranks against a switch process started for the run (or the
-    running switch at `config.job.switch`); rank 0's rows (None on the other ranks under torchrun/Slurm)."""
-    from stepscope.distributed.launch.launcher import LaunchConfig, launch
-    from stepscope.innet.switch_process import switch_for
-
-    config.validate()
-    with switch_for(None if spawn_switch else config.job.switch, store_dir) as address:
-        run = replace(config, job=replace(config.job, switch=address))
-        results = launch(profile_rank, run, store_dir,
-                         config=LaunchConfig(world_size=config.world, threads=1, timeout_s=300))
-    return None if results is None else results[0]
+def run_profile(config: ProfileConfig, out: str | os.PathLike | None = None, *,
+                switch: str | None = None) -> RunOutcome[ProfileConfig] | None:
+    """Run the sweep on `config.world` launched ranks (under torchrun/Slurm: theirs) against the running
+    switch at `switch` (None: a switch process started for the run; required under torchrun/Slurm), one
+    `innet-timeout-profile` record per cell in `<out>` (None: none). Rank 0's outcome; None on the other
+    ranks under torchrun/Slurm."""
+    config, store = start_run(config, out, switch, "innet-timeout-profile")
+    results = run_ranks(profile_rank, config, out, out=out, switch=switch, timeout_s=300)
+    return None if results is None else RunOutcome(config, results[0], None if store is None else store.path)
 
 
 def profile_table(rows: Iterable[dict[str, Any]], ops: int, key: str = "rto_ms") -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ At the end of each backend every rank's parameters are hashed: replicas must be 
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -19,9 +20,13 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import UsageError
+from stepscope.innet import protocol as p
 from stepscope.innet.faults import StragglerSpec
-from stepscope.innet.worker import InnetJob, JobConfig, shared_job_id
-from stepscope.spec import ModelSpec, Workload
+from stepscope.innet.job_config import JobConfig, shared_job_id
+from stepscope.innet.runner import RunOutcome, run_ranks, start_run
+from stepscope.innet.worker import InnetJob
+from stepscope.results.store import make_record
+from stepscope.spec import ModelSpec, Workload, get_preset
 
 DDP_KINDS = ("torch", "bucketed")
 
@@ -30,8 +35,8 @@ DDP_KINDS = ("torch", "bucketed")
 class TrainConfig:
     """One `innet train` run."""
 
-    model: ModelSpec
-    """The model (shortened on CPU: few layers)."""
+    model: ModelSpec = field(default_factory=lambda: get_preset("gpt2"))
+    """The model (`innet train` shortens it to one layer on CPU unless --n-layers is given)."""
     world: int = 4
     """Ranks."""
     batch: int = 1
@@ -42,10 +47,10 @@ class TrainConfig:
     """Timed steps per scenario."""
     warmup: int = 1
     """Untimed steps per scenario (DDP builds its buckets in the first)."""
-    ks: tuple[int, ...] = (4, 3)
-    """Fastest-K values to run (world = no straggler tolerance)."""
-    straggler: StragglerSpec = field(default_factory=lambda: StragglerSpec(ranks=(3,), delay_s=2.0))
-    """The straggler injected in the `straggler` scenarios (steps count timed steps from 0)."""
+    ks: tuple[int, ...] | None = None
+    """Fastest-K values to run (world = no straggler tolerance); None = world and world - 1."""
+    straggler: StragglerSpec = field(default_factory=lambda: StragglerSpec(ranks=(-1,), delay_s=2.0))
+    """The straggler injected in the `straggler` scenarios (steps count timed steps from 0; rank -1: the last)."""
     gloo: bool = True
     """Also run the gloo baseline."""
     ddp: str = "torch"
@@ -56,27 +61,41 @@ class TrainConfig:
     """SGD learning rate."""
     seed: int = 0
     """Seed of weights and data."""
-    job: JobConfig = field(default_factory=JobConfig)
-    """Switch and packet settings (rank, world and job id set per run)."""
+    job: JobConfig = field(default_factory=lambda: JobConfig(values_per_packet=p.MAX_VALUES))
+    """Packet settings (the switch, rank, world and job id set per run); a whole datagram per packet, as
+    Python's cost per packet would otherwise dominate the steps of a real model's buckets."""
+
+    def resolved(self) -> TrainConfig:
+        """The values that follow the world filled in: fastest-K (world, world - 1), the straggler's rank -1."""
+        ks = self.ks if self.ks is not None else tuple(sorted({self.world, max(1, self.world - 1)}, reverse=True))
+        return replace(self, ks=ks, straggler=self.straggler.for_world(self.world))
 
     def validate(self) -> None:
-        if self.world < 2:
+        config = self.resolved()
+        if config.world < 2:
             raise UsageError("--world must be at least 2")
-        if any(not 1 <= k <= self.world for k in self.ks):
-            raise UsageError(f"-k values must be 1..world ({self.world})")
-        if self.steps < 1 or self.warmup < 1 or self.batch < 1 or self.seq < 1:
+        if any(not 1 <= k <= config.world for k in config.ks or ()):
+            raise UsageError(f"-k values must be 1..world ({config.world})")
+        if config.steps < 1 or config.warmup < 1 or config.batch < 1 or config.seq < 1:
             raise UsageError("--steps, --warmup, --batch and --seq must be >= 1")
-        if self.seq > self.model.context_length:
-            raise UsageError(f"--seq {self.seq} exceeds the model's context length {self.model.context_length}")
-        if self.ddp not in DDP_KINDS:
+        if config.seq > config.model.context_length:
+            raise UsageError(f"--seq {config.seq} exceeds the model's context length {config.model.context_length}")
+        if config.ddp not in DDP_KINDS:
             raise UsageError(f"--ddp must be {' or '.join(DDP_KINDS)}")
-        self.straggler.validate(self.world)
-        replace(self.job, rank=0, world=self.world).validate()
+        config.straggler.validate(config.world)
+        replace(config.job, rank=0, world=config.world).validate()
 
     def scenarios(self) -> list[tuple[str, int, bool]]:
         """(backend, K, straggler) in run order."""
         out = [("gloo", self.world, s) for s in (False, True)] if self.gloo else []
-        return out + [("innet", k, s) for k in self.ks for s in (False, True)]
+        return out + [("innet", k, s) for k in self.resolved().ks or () for s in (False, True)]
+
+    def record_config(self, switch: str | None) -> dict[str, Any]:
+        """The run's configuration as its records hold it: the job as given, at the run's world and with the
+        switch named (else the job's own address: a started switch's port is the OS's pick of the moment)."""
+        config = self.resolved()
+        job = replace(config.job, world=config.world, switch=switch or config.job.switch)
+        return {**asdict(replace(config, job=job)), "model": config.model.name}
 
 
 def train_rank(ctx: Any, config: TrainConfig) -> dict[str, Any]:
@@ -180,25 +199,43 @@ def summarize(config: TrainConfig, results: list[dict[str, Any]]) -> list[dict[s
     return rows
 
 
-def run_train(config: TrainConfig, spawn_switch: bool = True, store_dir: str | None = None) -> dict[str, Any] | None:
-    """Start a switch process (unless `config.job.switch` is used), launch the ranks, summarize (None on
-    the ranks other than 0 under torchrun/Slurm)."""
-    from stepscope.distributed.launch.launcher import LaunchConfig, launch
-    from stepscope.innet.switch_process import switch_for
+@dataclass
+class TrainOutcome(RunOutcome[TrainConfig]):
+    """`run_train`'s outcome: the config as run (world and its defaults resolved), a row per scenario, rank 0's
+    bucket log lines (first step of each innet scenario), its bucket sizes, and whether replicas agree."""
 
-    config.validate()
+    log: list[list[str]] = field(default_factory=list)
+    buckets: list[int] = field(default_factory=list)
+    replicas_identical: dict[str, bool] = field(default_factory=dict)
+
+
+def run_train(config: TrainConfig, out: str | os.PathLike | None = None, *,
+              switch: str | None = None) -> TrainOutcome | None:
+    """Train every scenario on `config.world` launched ranks (under torchrun/Slurm: theirs) against the running
+    switch at `switch` (None: a switch process started for the run; required under torchrun/Slurm), then
+    append one `innet-train` record per scenario to `<out>/innet-train.jsonl` (None: none). Rank 0's outcome;
+    None on the other ranks under torchrun/Slurm."""
+    from stepscope.measure.environment import torch_environment
+
+    config, store = start_run(config, out, switch, "innet-train")
+    config = config.resolved()
+    settings = config.record_config(switch)
     # A rank that falls behind (the straggler with K < world) recovers results it missed from the switch's
     # history: keep a whole step of blocks there, and let the late rank stash a step of early results.
     blocks_per_step = -(-config.model.param_count() // config.job.k) + config.job.slots
     job = replace(config.job, history=max(config.job.history, blocks_per_step),
                   stash_limit_bytes=max(config.job.stash_limit_bytes, 3 * 4 * config.model.param_count()))
-    with switch_for(None if spawn_switch else config.job.switch, store_dir) as address:
-        run = replace(config, job=replace(job, switch=address))
-        results = launch(train_rank, run,
-                         config=LaunchConfig(world_size=config.world, threads=1, timeout_s=300))
+    results = run_ranks(train_rank, replace(config, job=job), out=out, switch=switch, timeout_s=300)
     if results is None:
         return None
     hashes = {backend: {r["hash"].get(backend) for r in results} for backend in ("gloo", "innet")}
-    return {"rows": summarize(config, results), "log": results[0]["log"], "buckets": results[0]["buckets"],
-            "replicas_identical": {b: len(h) == 1 for b, h in hashes.items() if None not in h},
-            "config": {**asdict(config), "model": config.model.name}}
+    outcome = TrainOutcome(config, summarize(config, results), None if store is None else store.path,
+                           log=results[0]["log"], buckets=results[0]["buckets"],
+                           replicas_identical={b: len(h) == 1 for b, h in hashes.items() if None not in h})
+    if store is not None:
+        env = torch_environment("cpu", config.world)
+        for row in outcome.rows:
+            scenario = {"backend": row["backend"], "k": row["k"], "straggler": row["straggler"]}
+            store.append(make_record("innet-train", {**settings, **scenario},
+                                     {k: v for k, v in row.items() if k not in scenario}, env=env))
+    return outcome

@@ -5,6 +5,7 @@
     pending = job.submit(tensor, op="sum", k=3)  # asynchronous (batch mode); pending.wait()
 
 or, module-level on one default job: `stepscope.innet.init(...)` then `stepscope.innet.all_reduce(t)`.
+A job's settings: `stepscope.innet.job_config.JobConfig`.
 
 Each op logs one line in the format of the DPA system's logs, e.g.
     innet: new-task allreduce.3 [7087872 x f32] 0x7f12a4000000 > 0x7f12a4000000 4-pipe average quant.1 no-straggle
@@ -14,129 +15,23 @@ Each op logs one line in the format of the DPA system's logs, e.g.
 from __future__ import annotations
 
 import logging
-import random
 import select
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from stepscope.errors import UsageError
 from stepscope.innet import protocol as p
-from stepscope.innet.faults import FaultConfig
+from stepscope.innet.job_config import JobConfig, shared_job_id
 from stepscope.innet.worker_engine import RECV_BUFFER_BYTES, Engine, EngineSettings
 from stepscope.innet.worker_op import Op
 from stepscope.innet.worker_stream import InnetError
 
 logger = logging.getLogger("stepscope.innet")
-
-
-@dataclass(frozen=True)
-class JobConfig:
-    """One rank's view of an in-network aggregation job."""
-
-    switch: str = "127.0.0.1:9000"
-    """host:port of the switch."""
-    job_id: int = 1
-    """Job (session) id, the same on every rank; jobs never mix at the switch."""
-    rank: int = 0
-    """This worker's rank, 0..world-1."""
-    world: int = 1
-    """Number of workers in the job."""
-    pipes: int = 4
-    """Switch pipelines (1-4): k = 64 values per pipe per packet on a Tofino."""
-    values_per_packet: int | None = None
-    """k, values per packet; None = 64 x pipes (emulation may use more, up to 16368)."""
-    slots: int = 64
-    """Slot pool size s: packets in flight per job (two shadow versions each at the switch)."""
-    window: int | None = None
-    """Most packets outstanding at once on this worker; None = slots."""
-    sto_ms: float = 1.0
-    """Straggler timeout in ms, rounded up to switch ticks of 65.536 us."""
-    sto_ticks: int | None = None
-    """Straggler timeout in switch ticks (overrides sto_ms)."""
-    history: int = 1024
-    """Completed results the switch keeps for ranks that fall behind (fastest-K runs)."""
-    rto_ms: float | None = None
-    """First retransmission timeout of a packet in ms; None = adaptive (srtt + 4 rttvar). Multiplied by
-    `backoff` after every retransmission of the same packet."""
-    rto_min_ms: float = 5.0
-    """Smallest adaptive retransmission timeout (a block's round trip includes the slowest rank's
-    scheduling delay, milliseconds on a shared CPU; shorter timeouts mostly resend packets not lost)."""
-    backoff: float = 2.0
-    """Retransmission timeout multiplier per retransmission of the same packet."""
-    rto_max_ms: float = 200.0
-    """Largest retransmission timeout."""
-    timeout_s: float = 30.0
-    """An op without progress for this long fails (switch gone, peer gone) instead of hanging."""
-    connect_timeout_s: float = 5.0
-    """How long JOIN may go unanswered before the switch counts as unreachable."""
-    join_timeout_s: float = 120.0
-    """How long `join(wait_all=True)` waits for the other ranks to join."""
-    sender_threads: int = 0
-    """Threads that quantize and send packets (0: the I/O thread does it)."""
-    stash_limit_bytes: int = 256 << 20
-    """Results of ops this rank has not started yet (it is late) kept at most."""
-    faults: FaultConfig = field(default_factory=FaultConfig)
-    """Injected network faults."""
-
-    @property
-    def k(self) -> int:
-        return self.values_per_packet or p.VALUES_PER_PIPE * self.pipes
-
-    @property
-    def resolved_sto_ticks(self) -> int:
-        return self.sto_ticks if self.sto_ticks is not None else p.sto_ticks_from_ms(self.sto_ms)
-
-    def address(self) -> tuple[str, int]:
-        host, sep, port = self.switch.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
-            raise UsageError(f"switch address must be host:port, got {self.switch!r}")
-        return host, int(port)
-
-    def validate(self) -> None:
-        self.address()
-        if not 1 <= self.world <= p.MAX_WORLD or not 0 <= self.rank < self.world:
-            raise UsageError(f"rank {self.rank} / world {self.world} invalid (world 1..{p.MAX_WORLD})")
-        if not 1 <= self.pipes <= p.MAX_PIPES:
-            raise UsageError(f"pipes must be 1..{p.MAX_PIPES}, got {self.pipes}")
-        if not 1 <= self.k <= p.MAX_VALUES:
-            raise UsageError(f"values per packet must be 1..{p.MAX_VALUES}, got {self.k}")
-        if not 1 <= self.slots <= 65_535 or (self.window is not None and not 1 <= self.window <= self.slots):
-            raise UsageError("slots must be 1..65535 and the window 1..slots")
-        if self.sto_ms < 0 or (self.sto_ticks is not None and self.sto_ticks < 0):
-            raise UsageError("the straggler timeout must be >= 0")
-        rto = self.rto_ms if self.rto_ms is not None else self.rto_min_ms
-        if rto <= 0 or self.rto_min_ms <= 0 or self.backoff < 1 or self.rto_max_ms < rto:
-            raise UsageError("need rto > 0, backoff >= 1 and rto-max >= rto")
-        if not 0 <= self.job_id < 2**32:
-            raise UsageError(f"job id must fit 32 bits, got {self.job_id}")
-        self.faults.validate()
-
-    def join_params(self) -> p.JoinParams:
-        return p.JoinParams(self.k, self.slots, self.resolved_sto_ticks, self.history)
-
-    def shared_settings(self) -> dict[str, Any]:
-        """The settings every rank of a run shares, for records (not its rank, job id or switch address)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("rank", "job_id", "switch")}
-
-
-def new_job_id() -> int:
-    """A random job id (jobs of one switch must not collide)."""
-    return random.SystemRandom().randrange(1, 2**31)
-
-
-def shared_job_id() -> int:
-    """One new job id for every rank of the initialized torch.distributed group (rank 0 draws it)."""
-    import torch.distributed as dist
-
-    box = [new_job_id() if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 class Pending:
