@@ -19,7 +19,8 @@ from stepscope.spec import ModelSpec, Workload, get_preset, list_presets
 
 __version__ = "0.1.0"
 
-_API = {
+# exported name -> its module, or (module, name there) where two packages use the same name
+_API: dict[str, str | tuple[str, str]] = {
     # measure: one training step and what is measured of it
     "StepConfig": "stepscope.measure.step.config", "run_step_sweep": "stepscope.measure.step.benchmark",
     "run_step_ab": "stepscope.measure.step.ab",
@@ -35,6 +36,23 @@ _API = {
     "import_comm": "stepscope.distributed.collectives.session",
     "DDPBenchConfig": "stepscope.distributed.data_parallel.bench_config",
     "run_ddp_sweep": "stepscope.distributed.data_parallel.benchmark",
+    # predict: the performance model
+    "ParallelPlan": "stepscope.spec.plan", "load_system": "stepscope.spec.system",
+    "PredictConfig": "stepscope.perfmodel.predict", "PredictPoint": "stepscope.perfmodel.predict",
+    "run_predict": "stepscope.perfmodel.predict", "evaluate": "stepscope.perfmodel.evaluate",
+    "PlanConfig": "stepscope.perfmodel.plan", "run_plan": "stepscope.perfmodel.plan",
+    "CompareConfig": "stepscope.perfmodel.compare", "run_compare": "stepscope.perfmodel.compare",
+    "ValidateConfig": "stepscope.perfmodel.validate", "run_validate": "stepscope.perfmodel.validate",
+    "CalibrateConfig": "stepscope.perfmodel.calibrate_run", "run_calibrate": "stepscope.perfmodel.calibrate_run",
+    # in-network aggregation (`stepscope innet ...`): the innet names say so, as `ProfileConfig` is taken
+    "InnetBenchConfig": ("stepscope.innet.bench", "BenchConfig"),
+    "run_innet_bench": ("stepscope.innet.bench", "run_bench"),
+    "InnetTrainConfig": ("stepscope.innet.train", "TrainConfig"),
+    "run_innet_train": ("stepscope.innet.train", "run_train"),
+    "InnetProfileConfig": ("stepscope.innet.timeout_profile", "ProfileConfig"),
+    "run_innet_timeout_profile": ("stepscope.innet.timeout_profile", "run_profile"),
+    "SimConfig": "stepscope.innet.simulator", "run_innet_simulate": ("stepscope.innet.sim_sweep", "run_simulate"),
+    "SwitchConfig": "stepscope.innet.switch",
 }
 
 __all__ = ["ModelSpec", "Workload", "get_preset", "list_presets", "__version__", *_API]
@@ -42,5 +60,6 @@ __all__ = ["ModelSpec", "Workload", "get_preset", "list_presets", "__version__",
 
 def __getattr__(name: str) -> Any:
     if name in _API:
-        return getattr(importlib.import_module(_API[name]), name)
+        module, attribute = _API[name] if isinstance(_API[name], tuple) else (_API[name], name)
+        return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module 'stepscope' has no attribute {name!r}")

@@ -17,7 +17,7 @@ _BASE = load_system("CPU")
 TRUE = _BASE.replace(accelerator=dataclasses.replace(
     _BASE.accelerator, matrix_TFLOPps={"fp32": 0.2}, vector_TFLOPps={"fp32": 0.004}, hbm_GBps=15.0,
     memory_efficiency=1.0, kernel_overhead_us=20.0, flash_efficiency=0.5,
-    matrix_efficiency_by_GFLOP=tuple(zip(KNOTS, (0.3, 0.5, 0.65, 0.8, 0.9, 0.9)))))
+    matrix_efficiency_by_GFLOP=tuple(zip(KNOTS, (0.3, 0.5, 0.65, 0.8, 0.9, 0.9), strict=True))))
 SHAPES = [("tiny", {}, 1, 32), ("tiny", {}, 8, 256), ("small", {"n_layers": 2}, 1, 64),
           ("small", {"n_layers": 3}, 4, 256),
           ("medium", {"n_layers": 2}, 2, 512), ("medium", {"n_layers": 1}, 8, 1024), ("small", {}, 2, 128),
@@ -44,7 +44,8 @@ def test_calibration_recovers_known_parameters_from_synthetic_records():
     assert acc.kernel_overhead_us == pytest.approx(20.0, rel=1e-4)
     assert acc.memory_bytes_per_s == pytest.approx(15e9, rel=1e-4)
     assert acc.vector_peak("fp32") == pytest.approx(0.004e12, rel=1e-4)
-    for (gflop, fitted), (_, true) in zip(acc.matrix_efficiency_by_GFLOP, TRUE.accelerator.matrix_efficiency_by_GFLOP):
+    for (gflop, fitted), (_, true) in zip(acc.matrix_efficiency_by_GFLOP, TRUE.accelerator.matrix_efficiency_by_GFLOP,
+                                                  strict=True):
         assert fitted == pytest.approx(true, rel=1e-3), gflop
     rows = summary(compare(synthetic_points(mode="train"), result.system))
     assert all(row["max_abs_error_pct"] < 1e-3 for row in rows)

@@ -29,7 +29,7 @@ def _physical(result):
 def test_efficiency_never_exceeds_the_measured_gemm_peak():
     # the ops of these records run up to 1.2x the records' GEMM rate (as when the peak measurement ran slow)
     fast = TRUE.replace(accelerator=dataclasses.replace(
-        TRUE.accelerator, matrix_efficiency_by_GFLOP=tuple(zip(KNOTS, (0.5, 0.8, 1.1, 1.2, 1.2, 1.2)))))
+        TRUE.accelerator, matrix_efficiency_by_GFLOP=tuple(zip(KNOTS, (0.5, 0.8, 1.1, 1.2, 1.2, 1.2), strict=True))))
     result = calibrate(RecordSet(steps=synthetic_points(fast)), _BASE, knots=KNOTS)
     _physical(result)
     assert result.parameters["efficiency_at_10_GFLOP"] == pytest.approx(1.0)

@@ -27,20 +27,22 @@ from stepscope.cli.options import (
 )
 from stepscope.measure.attention.config import TOLERANCE, AttentionBenchConfig
 
+NAME = "attention"
+HELP = "benchmark attention implementations (naive, sdpa, compiled, flash-torch, flash-triton)"
+DESCRIPTION = ("Check every implementation against fp64, then time them side by side (rotating order) and measure "
+               "peak memory. Comma lists sweep; options given override the --grid preset.")
+
+
 _MAIN_COLUMNS = ("impl", "status")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def add_options(parser: argparse.ArgumentParser) -> None:
     from stepscope.measure.attention.presets import PRESETS
 
     def default(name: str) -> str | None:
         return config_default(AttentionBenchConfig, name)
 
     grids = "; ".join(f"{name}: {preset.description}" for name, preset in PRESETS.items())
-    parser = subparsers.add_parser(
-        "attention", help="benchmark attention implementations (naive, sdpa, compiled, flash-torch, flash-triton)",
-        description="Check every implementation against fp64, then time them side by side (rotating order) "
-                    "and measure peak memory. Comma lists sweep; options given override the --grid preset.")
     parser.add_argument("--grid", default=None, help=f"preset sweep ({grids})")
     parser.add_argument("--impl", default=None,
                         help=f"comma list of naive,sdpa,compiled,flash-torch,flash-triton (default {default('impls')})")
@@ -55,20 +57,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help=f"causal mask, top-left aligned (default: {causal})")
     sizes.add_argument("--pass", dest="passes", default=None,
                        help=f"fwd, bwd, fwd-bwd (default {default('passes')})")
-    run = parser.add_argument_group("measurement")
-    add_device_option(run, AttentionBenchConfig)
-    run.add_argument("--warmup", default=None,
-                     help=f"untimed rounds after the check and memory runs (default {default('warmup')})")
-    run.add_argument("--iters", default=None, help=f"timed rounds (default {default('iters')})")
-    run.add_argument("--threads", default=None, help="CPU intra-op threads (default: PyTorch's choice)")
-    run.add_argument("--check-rows", default=None,
-                     help=f"query rows checked against fp64 at long sequences ({default('check_rows')})")
-    add_seed_option(run, AttentionBenchConfig, help="seed of q, k, v and dO")
-    run.add_argument("--startup", default=None, help="seconds of warm-up on a tiny problem before the first point "
-                                                      f"(default {default('startup_s')})")
+    measurement = parser.add_argument_group("measurement")
+    add_device_option(measurement, AttentionBenchConfig)
+    measurement.add_argument("--warmup", default=None,
+                             help=f"untimed rounds after the check and memory runs (default {default('warmup')})")
+    measurement.add_argument("--iters", default=None, help=f"timed rounds (default {default('iters')})")
+    measurement.add_argument("--threads", default=None, help="CPU intra-op threads (default: PyTorch's choice)")
+    measurement.add_argument("--check-rows", default=None,
+                             help=f"query rows checked against fp64 at long sequences ({default('check_rows')})")
+    add_seed_option(measurement, AttentionBenchConfig, help="seed of q, k, v and dO")
+    measurement.add_argument("--startup", default=None, help="seconds of warm-up on a tiny problem before the first "
+                             f"point (default {default('startup_s')})")
     add_plot_options(parser, "attention-<grid|sweep>.png, written when more than one --seq is swept")
     add_output_options(parser)
-    parser.set_defaults(func=run_command)
 
 
 def bench_config(args: argparse.Namespace) -> AttentionBenchConfig:
@@ -127,7 +128,7 @@ def point_rows(records: list[dict], passes: tuple[str, ...], fmt: str) -> list[d
     return rows
 
 
-def run_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
     from stepscope.measure.attention.benchmark import run_attention_sweep
 

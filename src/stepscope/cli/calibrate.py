@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import argparse
 
-from stepscope.cli.options import add_output_options, one_value, parse_list
-from stepscope.cli.options.perfmodel import add_config_option, add_records_options, add_system_option
+from stepscope.cli.options import add_config_option, add_output_options, one_value, parse_list
+from stepscope.cli.options.perfmodel import add_records_options, add_system_option
 from stepscope.perfmodel.calibrate import MAX_EFFICIENCY_LIMIT
 from stepscope.perfmodel.calibrate_run import CalibrateConfig
 
+NAME = "calibrate"
+HELP = "fit a system TOML to measured step/attention/comm records"
+DESCRIPTION = ("Fit the compute-efficiency curve, per-kernel overhead, streaming bandwidth and elementwise rate of "
+               "a system to stepscope's own step records (least squares), plus flash efficiency from attention "
+               "records and link α/β from comm records when present; write a system TOML that predict, plan and "
+               "compare accept.")
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("calibrate", help="fit a system TOML to measured step/attention/comm records",
-                                   description="Fit the compute-efficiency curve, per-kernel overhead, streaming "
-                                               "bandwidth and elementwise rate of a system to stepscope's own step "
-                                               "records (least squares), plus flash efficiency from attention "
-                                               "records and link α/β from comm records when present; write a "
-                                               "system TOML that predict, plan and compare accept.")
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     add_records_options(parser, CalibrateConfig)
     add_system_option(parser, CalibrateConfig, "--base", "base", help="system preset or TOML the fit starts from")
     for option, help_text in (
@@ -27,9 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                "of one phase's relative error; 0: none"),
             ("--max-efficiency", "cap of the efficiency curve, as a fraction of the measured large-GEMM rate; at "
                                  f"most {MAX_EFFICIENCY_LIMIT:g}, a margin for a peak measurement that ran slow")):
-        add_config_option(parser, option, CalibrateConfig, help_text)
+        add_config_option(parser, CalibrateConfig, option, help_text)
     add_output_options(parser, resume=False)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

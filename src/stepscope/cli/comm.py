@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from stepscope.cli.options import (
+    add_config_option,
     add_output_options,
     add_plot_options,
     choice,
@@ -26,36 +28,33 @@ from stepscope.distributed.collectives.config import CommConfig
 from stepscope.distributed.collectives.sizes import format_bytes
 from stepscope.results.views import FORMATS
 
+NAME = "comm"
+HELP = "benchmark collectives per backend and world size (nccl-tests conventions)"
+DESCRIPTION = ("Time collectives (all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, barrier) "
+               "on gloo, nccl, mpi (mpi4py under mpiexec) or oneccl, with nccl-tests' algbw/busbw and a correctness "
+               "check per size. Comma lists sweep.")
+
+
 ALL = "all"
 OUTPUT_FORMATS = (*FORMATS, "nccl-tests")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    def default(name: str) -> str | None:
-        return config_default(CommConfig, name, show=format_bytes if name == "sizes" else None)
-
-    parser = subparsers.add_parser(
-        "comm", help="benchmark collectives per backend and world size (nccl-tests conventions)",
-        description="Time collectives (all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, "
-                    "barrier) on gloo, nccl, mpi (mpi4py under mpiexec) or oneccl, with nccl-tests' algbw/busbw "
-                    "and a correctness check per size. Comma lists sweep.")
+def add_options(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("what to measure (comma lists sweep)")
+    option = partial(add_config_option, what, CommConfig)
     # --op and --world stay None when not given: with --import they are hints for logs that do not say
-    what.add_argument("--op", default=None, help=f"collective(s), or 'all' (default {default('ops')})")
-    what.add_argument("--sizes", default=default("sizes"),
-                      help="sizes: list (1M,10M,100M) or range MIN:MAX:xFACTOR / MIN:MAX:+STEP; K/M/G are powers "
-                           "of 1024 as in nccl-tests (default %(default)s)")
-    what.add_argument("--dtype", default=default("dtypes"),
-                      help="fp32|fp16|bf16|fp64|int8|uint8|int32|int64 (default %(default)s)")
-    what.add_argument("--world", default=None, help=f"world size(s), one job each (default {default('worlds')})")
-    what.add_argument("--mode", default=default("modes"), help="per-op (each call waited) and/or batch (all calls "
-                      "in flight, one wait); default %(default)s")
-    what.add_argument("--place", default=default("places"),
-                      help="out (out-of-place) and/or in (in-place); default %(default)s")
-    what.add_argument("--iters", default=default("iters"), help="timed calls per point (default %(default)s)")
-    what.add_argument("--warmup", default=default("warmup"),
-                      help="untimed calls per point before timing (default %(default)s)")
-    what.add_argument("--root", default=default("root"), help="root rank of broadcast and reduce (default %(default)s)")
+    what.add_argument("--op", default=None,
+                      help=f"collective(s), or 'all' (default {config_default(CommConfig, 'ops')})")
+    option("--sizes", "sizes: list (1M,10M,100M) or range MIN:MAX:xFACTOR / MIN:MAX:+STEP; K/M/G are powers of "
+           "1024 as in nccl-tests", show=format_bytes)
+    option("--dtype", "fp32|fp16|bf16|fp64|int8|uint8|int32|int64", field="dtypes")
+    what.add_argument("--world", default=None,
+                      help=f"world size(s), one job each (default {config_default(CommConfig, 'worlds')})")
+    option("--mode", "per-op (each call waited) and/or batch (all calls in flight, one wait)", field="modes")
+    option("--place", "out (out-of-place) and/or in (in-place)", field="places")
+    option("--iters", "timed calls per point")
+    option("--warmup", "untimed calls per point before timing")
+    option("--root", "root rank of broadcast and reduce")
     what.add_argument("--threads", default=None, help="CPU threads per rank (default: cores / ranks)")
     add_launch_options(what, CommConfig, backend_field="backends",
                        backends="gloo|nccl|mpi|oneccl|horovod, or auto: nccl when every rank has a GPU, else gloo",
@@ -71,7 +70,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_plot_options(parser, "comm.png")
     add_output_options(parser, formats=OUTPUT_FORMATS, resume_help="skip points already recorded in --out; --fit "
                        "and the plot use the recorded points of this sweep too")
-    parser.set_defaults(func=run)
 
 
 def build_config(args: argparse.Namespace) -> CommConfig:

@@ -9,20 +9,21 @@ from stepscope.cli.options import add_output_options
 from stepscope.cli.options.perfmodel import add_records_options, add_system_option
 from stepscope.perfmodel.compare import CompareConfig
 
+NAME = "compare"
+HELP = "measured step records next to predictions, error per phase"
+DESCRIPTION = ("Predict every measured `step` record (same model, batch, sequence, precision, mode, attention) on a "
+               "system and print the error per phase. Repeated measurements of one configuration are merged.")
+
+
 COLUMNS = ["model", "n_layers", "batch", "seq", "precision", "forward_measured_ms", "forward_predicted_ms",
            "forward_error_pct", "backward_measured_ms", "backward_predicted_ms", "backward_error_pct",
            "optimizer_measured_ms", "optimizer_predicted_ms", "optimizer_error_pct", "step_error_pct"]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("compare", help="measured step records next to predictions, error per phase",
-                                   description="Predict every measured `step` record (same model, batch, sequence, "
-                                               "precision, mode, attention) on a system and print the error per "
-                                               "phase. Repeated measurements of one configuration are merged.")
+def add_options(parser: argparse.ArgumentParser) -> None:
     add_records_options(parser, CompareConfig)
     add_system_option(parser, CompareConfig)
     add_output_options(parser, resume=False)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

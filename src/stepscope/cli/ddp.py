@@ -7,14 +7,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from stepscope.cli.options import (
+    add_config_option,
     add_output_options,
     add_plot_options,
     choice,
-    config_default,
     non_negative_int,
     one_value,
     parse_list,
@@ -26,50 +27,38 @@ from stepscope.cli.options.model import add_model_options, model_specs
 from stepscope.distributed.data_parallel.bench_config import ALL_VARIANTS, DDPBenchConfig
 from stepscope.spec import PRECISIONS
 
+NAME = "ddp"
+HELP = "data-parallel variants vs PyTorch DDP: overlap, bucket sizes, sharded optimizer memory"
+DESCRIPTION = ("Train on local ranks (or under torchrun) with every data-parallel variant interleaved in one run: "
+               "step time, compute-only step, exposed communication and overlap, buckets, memory per rank with and "
+               "without optimizer-state sharding, and the analytic bucket size b* = sqrt(s*w*alpha) from measured "
+               "all-reduce costs. Comma lists sweep.")
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    def default(name: str) -> str | None:
-        return config_default(DDPBenchConfig, name, show=_show_cap if name == "bucket_mb" else None)
 
-    parser = subparsers.add_parser(
-        "ddp", help="data-parallel variants vs PyTorch DDP: overlap, bucket sizes, sharded optimizer memory",
-        description="Train on local ranks (or under torchrun) with every data-parallel variant interleaved in "
-                    "one run: step time, compute-only step, exposed communication and overlap, buckets, memory "
-                    "per rank with and without optimizer-state sharding, and the analytic bucket size "
-                    "b* = sqrt(s*w*alpha) from measured all-reduce costs. Comma lists sweep.")
+def add_options(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, default="small")
     group = parser.add_argument_group("workload and variants")
-    group.add_argument("--batch", default=default("batch"),
-                       help="GLOBAL batch in sequences, split across ranks (default %(default)s)")
-    group.add_argument("--seq", default=default("seq"), help="tokens per sequence (default %(default)s)")
-    group.add_argument("--world", default=default("world"),
-                       help="ranks to spawn (default %(default)s; torchrun sets its own)")
-    group.add_argument("--precision", default=default("precision"),
-                       help=f"{'|'.join(PRECISIONS)} (default %(default)s)")
-    group.add_argument("--variants", default=default("variants"),
-                       help="which to run (default %(default)s); torch = "
-                            "torch.nn.parallel.DistributedDataParallel with the same caps")
-    group.add_argument("--bucket-mb", default=default("bucket_mb"),
-                       help="bucket caps in MiB for bucketed and torch; 'none' = one bucket (default %(default)s)")
-    group.add_argument("--bucket-rule", default=default("bucket_rule"),
-                       help="strict|torch: how DDPBucketed fills buckets (default %(default)s)")
+    option = partial(add_config_option, group, DDPBenchConfig)
+    option("--batch", "GLOBAL batch in sequences, split across ranks")
+    option("--seq", "tokens per sequence")
+    option("--world", "ranks to spawn (torchrun sets its own)")
+    option("--precision", "|".join(PRECISIONS))
+    option("--variants", "which to run; torch = torch.nn.parallel.DistributedDataParallel with the same caps")
+    option("--bucket-mb", "bucket caps in MiB for bucketed and torch; 'none' = one bucket", show=_show_cap)
+    option("--bucket-rule", "strict|torch: how DDPBucketed fills buckets")
     group.add_argument("--shard-optimizer", action="store_true",
                        help="time steps with ShardedOptimizer(AdamW) (memory is shown for both)")
     timing = parser.add_argument_group("timing")
-    timing.add_argument("--warmup", default=default("warmup"),
-                        help="untimed rounds after the correctness check (default %(default)s)")
-    timing.add_argument("--iters", default=default("iters"),
-                        help="timed rounds, every variant once per round (default %(default)s)")
-    timing.add_argument("--comm-iters", default=default("comm_iters"),
-                        help="repetitions of communication-only timings (default %(default)s)")
+    option = partial(add_config_option, timing, DDPBenchConfig)
+    option("--warmup", "untimed rounds after the correctness check")
+    option("--iters", "timed rounds, every variant once per round")
+    option("--comm-iters", "repetitions of communication-only timings")
     timing.add_argument("--threads", default=None, help="intra-op threads per rank (comma list sweeps; "
                         "default cores / ranks)")
-    timing.add_argument("--seed", default=default("seed"), help="seed for weights (+rank) and data "
-                                                                "(default %(default)s)")
+    option("--seed", "seed for weights (+rank) and data")
     add_launch_options(timing, DDPBenchConfig, backends="auto|gloo|nccl")
     add_plot_options(parser, "ddp.png")
     add_output_options(parser)
-    parser.set_defaults(func=run)
 
 
 def _cap(text: str) -> float | None:

@@ -17,7 +17,8 @@ from stepscope.errors import DistributedError, UsageError
 
 COMMANDS = ("step", "profile", "memory", "attention", "comm", "ddp", "predict", "plan", "calibrate", "compare",
             "validate", "innet", "precision", "show", "models")
-"""The command modules of this package (each defines `register(subparsers)`), in the order `--help` lists them."""
+"""The command modules of this package, in the order `--help` lists them. Each defines NAME, HELP, DESCRIPTION,
+`add_options(parser)` and `run(args)` (see `stepscope.cli.options.add_command`)."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -35,12 +36,13 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> Parser:
     from stepscope import __version__
+    from stepscope.cli.options import add_command
 
     parser = Parser(prog="stepscope", description="Measure, model and speed up transformer training steps.")
     parser.add_argument("--version", action="version", version=f"stepscope {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in COMMANDS:
-        importlib.import_module(f"stepscope.cli.{name}").register(subparsers)
+        add_command(subparsers, importlib.import_module(f"stepscope.cli.{name}"))
     return parser
 
 

@@ -4,20 +4,22 @@ The work, the records and the timeline plots: `stepscope.measure.memory.benchmar
 from __future__ import annotations
 
 import argparse
-import itertools
 
 from stepscope.cli.options import (
     add_output_options,
-    add_seed_option,
-    add_threads_option,
     config_default,
     non_negative_int,
     positive_int,
-    threads_list,
 )
-from stepscope.cli.options.model import add_model_options, add_workload_options, workload_grid
+from stepscope.cli.options.model import add_step_options, step_configs
 from stepscope.measure.memory.config import DEFAULT_MODES, STEP_WARMUP, MemoryConfig
-from stepscope.measure.step.config import StepConfig
+
+NAME = "memory"
+HELP = "memory per phase (init, forward, backward, optimizer), timeline plot"
+DESCRIPTION = ("Measure the bytes live after and the peak during init, forward, backward and the optimizer step, "
+               "for forward-only and the full train step by default. Comma lists sweep. Writes a timeline PNG per "
+               "point. CPU: profiler allocation events; CUDA: max_memory_allocated.")
+
 
 SUMMARY_COLUMNS = ["model", "batch", "seq", "mode", "precision", "attention", "threads", "status",
                    "init_current_MiB", "warm-up_current_MiB", "forward_peak_MiB", "backward_peak_MiB",
@@ -25,14 +27,8 @@ SUMMARY_COLUMNS = ["model", "batch", "seq", "mode", "precision", "attention", "t
                    "optimizer_current_MiB", "residual_MiB", "timeline"]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "memory", help="memory per phase (init, forward, backward, optimizer), timeline plot",
-        description="Measure the bytes live after and the peak during init, forward, backward and the optimizer "
-                    "step, for forward-only and the full train step by default. Comma lists sweep. Writes a "
-                    "timeline PNG per point. CPU: profiler allocation events; CUDA: max_memory_allocated.")
-    add_model_options(parser)
-    add_workload_options(parser, StepConfig)
+def add_options(parser: argparse.ArgumentParser) -> None:
+    add_step_options(parser)
     parser.set_defaults(mode=",".join(DEFAULT_MODES))
     group = parser.add_argument_group("memory")
     group.add_argument("--warmup", type=non_negative_int, default=STEP_WARMUP,
@@ -44,10 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--snapshot", default=None, metavar="FILE.pickle",
                        help="CUDA: write torch.cuda.memory._dump_snapshot (view at pytorch.org/memory_viz); "
                             "FILE.p<i>.pickle per sweep point")
-    add_seed_option(parser, StepConfig)
-    add_threads_option(parser)
     add_output_options(parser)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,10 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.measure.memory.benchmark import run_memory_sweep
     from stepscope.results.views import record_row
 
-    configs = [MemoryConfig(
-        step=StepConfig(model=spec, workload=workload, attention=attention, device=args.device, compile=args.compile,
-                        warmup=args.warmup, iters=1, threads=threads, seed=args.seed), top=args.top)
-        for (spec, workload, attention), threads in itertools.product(workload_grid(args), threads_list(args))]
+    configs = [MemoryConfig(step=step, top=args.top) for step in step_configs(args, [args.warmup], [1])]
     printer = Printer(args.format)
     emitter = TableEmitter(printer)
     timelines: dict[str, str] = {}

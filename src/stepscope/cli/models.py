@@ -6,11 +6,13 @@ import argparse
 
 from stepscope.results.views import FORMATS
 
+NAME = "models"
+HELP = "list model presets"
+DESCRIPTION = "List model presets."
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("models", help="list model presets", description="List model presets.")
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", default="table", choices=FORMATS)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

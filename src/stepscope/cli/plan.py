@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from stepscope.cli.options import (
+    add_config_option,
     add_output_options,
     choice,
     config_default,
@@ -18,7 +19,6 @@ from stepscope.cli.options import (
 )
 from stepscope.cli.options.model import add_model_options, model_specs
 from stepscope.cli.options.perfmodel import (
-    add_config_option,
     add_system_option,
     add_training_options,
     switches_from_args,
@@ -29,14 +29,16 @@ from stepscope.perfmodel.plan import PlanConfig
 from stepscope.perfmodel.search import SearchSpace
 from stepscope.spec.plan import RECOMPUTE
 
+NAME = "plan"
+HELP = "search parallel plans and rank the feasible ones"
+DESCRIPTION = ("Enumerate every valid (tp, pp, dp, cp, micro-batch, ZeRO stage, recompute, interleave, placement) "
+               "for a model on N GPUs, evaluate them vectorized, and print the fastest plans that fit in memory.")
+
+
 PROGRESS_ABOVE = 2_000_000  # candidates: smaller searches finish before a bar would be useful
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("plan", help="search parallel plans and rank the feasible ones",
-                                   description="Enumerate every valid (tp, pp, dp, cp, micro-batch, ZeRO stage, "
-                                               "recompute, interleave, placement) for a model on N GPUs, evaluate "
-                                               "them vectorized, and print the fastest plans that fit in memory.")
+def add_options(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, default="gpt3-175b")
     add_system_option(parser, PlanConfig)
     add_training_options(parser)
@@ -50,15 +52,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                      ("--recompute", "recompute modes to try", None),
                                      ("--sequence-parallel", "sequence parallelism: no, yes, or no,yes", None),
                                      ("--flash", "fused flash attention: yes, no, or no,yes", "flash_attention")):
-        add_config_option(group, option, SearchSpace, help_text, field)
+        add_config_option(group, SearchSpace, option, help_text, field=field)
     group.add_argument("--no-placements", action="store_true",
                        help="only Megatron's rank order (tp, cp, dp, pp) instead of every placement")
-    add_config_option(parser, "--top", PlanConfig, "how many plans to print")
+    add_config_option(parser, PlanConfig, "--top", "how many plans to print")
     parser.add_argument("--explain", action="store_true", help="print how many candidates each rule rejected")
-    add_config_option(parser, "--threads", PlanConfig, "evaluation threads")
+    add_config_option(parser, PlanConfig, "--threads", "evaluation threads")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_output_options(parser, resume=False)
-    parser.set_defaults(func=run)
 
 
 def space_from_args(args: argparse.Namespace) -> SearchSpace:

@@ -5,16 +5,24 @@ from __future__ import annotations
 
 import argparse
 
-from stepscope.cli.options import add_device_option, add_output_options, config_default, field_default
+from stepscope.cli.options import (
+    add_device_option,
+    add_output_options,
+    add_subcommands,
+    config_default,
+    field_default,
+)
 from stepscope.cli.options.model import add_model_options, model_specs, overrides_given
 from stepscope.measure.precision.config import AccumulateConfig, DtypesConfig
 
+NAME = "precision"
+HELP = "mixed-precision experiments (accumulate, dtypes)"
+DESCRIPTION = "Mixed-precision experiments."
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("precision", help="mixed-precision experiments (accumulate, dtypes)",
-                                   description="Mixed-precision experiments.")
-    commands = parser.add_subparsers(dest="precision_command", metavar="EXPERIMENT", required=True,
-                                     parser_class=type(parser))
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The experiments, each a subcommand with its own `run` (a group command has none of its own)."""
+    commands = add_subcommands(parser, "precision_command", "EXPERIMENT")
     acc = commands.add_parser("accumulate", help="add 0.01 a thousand times in several dtypes")
     acc.add_argument("--steps", type=int, default=field_default(AccumulateConfig, "steps"),
                      help="additions (default %(default)s)")

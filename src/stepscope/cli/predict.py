@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from stepscope.cli.options import add_output_options, choice, one_value
+from stepscope.cli.options import add_config_option, add_output_options, choice, one_value
 from stepscope.cli.options.model import add_model_options, model_specs
 from stepscope.cli.options.perfmodel import (
-    add_config_option,
     add_plan_options,
     add_system_option,
     add_training_options,
@@ -16,23 +15,24 @@ from stepscope.cli.options.perfmodel import (
 )
 from stepscope.perfmodel.predict import BUCKET_RULES, PredictConfig, PredictPoint
 
+NAME = "predict"
+HELP = "predict a training step of one parallel plan"
+DESCRIPTION = ("Predict step time, throughput, MFU and memory of one plan on a system, with the breakdown by cause. "
+               "Comma lists of models sweep.")
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("predict", help="predict a training step of one parallel plan",
-                                   description="Predict step time, throughput, MFU and memory of one plan on a "
-                                               "system, with the breakdown by cause. Comma lists of models sweep.")
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser)
     add_system_option(parser, PredictConfig)
     add_training_options(parser)
     add_plan_options(parser)
     group = parser.add_argument_group("gradient buckets")
-    add_config_option(group, "--bucket-MiB", PredictConfig, "gradient bucket size for the overlap rule")
-    add_config_option(group, "--buckets", PredictConfig, "gradient bucket layout: size (size-based estimate), or "
+    add_config_option(group, PredictConfig, "--bucket-MiB", "gradient bucket size for the overlap rule")
+    add_config_option(group, PredictConfig, "--buckets", "gradient bucket layout: size (size-based estimate), or "
                       "torch|strict: the DDP bucket planner's layout of this model's gradients, "
                       "stepscope.spec.buckets")
     parser.add_argument("--per-layer", action="store_true", help="also print the per-op table of one layer")
     add_output_options(parser, resume=False)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

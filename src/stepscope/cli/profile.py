@@ -4,30 +4,25 @@ The work and the records: `stepscope.measure.profile.benchmark.run_profile_sweep
 from __future__ import annotations
 
 import argparse
-import itertools
 
 from stepscope.cli.options import (
     add_output_options,
-    add_seed_option,
-    add_threads_option,
     config_default,
     non_negative_int,
     positive_int,
-    threads_list,
 )
-from stepscope.cli.options.model import add_model_options, add_workload_options, workload_grid
+from stepscope.cli.options.model import add_step_options, step_configs
 from stepscope.measure.profile.config import STEP_ITERS, STEP_WARMUP, ProfileConfig
-from stepscope.measure.step.config import StepConfig
+
+NAME = "profile"
+HELP = "profile a training step: time by category and op, timer vs profiler"
+DESCRIPTION = ("Run a training step under torch.profiler (schedule: wait, warm-up, active steps) and break the time "
+               "of forward, forward+backward and the train step down by category (matmul, attention, softmax, ...) "
+               "and op. Comma lists sweep.")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "profile", help="profile a training step: time by category and op, timer vs profiler",
-        description="Run a training step under torch.profiler (schedule: wait, warm-up, active steps) and "
-                    "break the time of forward, forward+backward and the train step down by category "
-                    "(matmul, attention, softmax, ...) and op. Comma lists sweep.")
-    add_model_options(parser)
-    add_workload_options(parser, StepConfig)
+def add_options(parser: argparse.ArgumentParser) -> None:
+    add_step_options(parser)
     group = parser.add_argument_group("profiler")
     group.add_argument("--wait", type=non_negative_int, default=config_default(ProfileConfig, "wait"),
                        help="steps before the profiler's warm-up (default %(default)s)")
@@ -46,21 +41,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="also NVTX ranges per phase and one `stepscope.active` range (CUDA, Nsight Systems)")
     group.add_argument("--memory", action="store_true",
                        help="also measure memory per phase for each point (as `stepscope memory`)")
-    add_seed_option(parser, StepConfig)
-    add_threads_option(parser)
     add_output_options(parser)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer, TableEmitter, memory_header, point_title
     from stepscope.measure.profile.benchmark import run_profile_sweep
 
-    configs = [ProfileConfig(
-        step=StepConfig(model=spec, workload=workload, attention=attention, device=args.device, compile=args.compile,
-                        warmup=args.warmup, iters=args.iters, threads=threads, seed=args.seed),
-        wait=args.wait, active=args.active, top=args.top, nvtx=args.nvtx)
-        for (spec, workload, attention), threads in itertools.product(workload_grid(args), threads_list(args))]
+    configs = [ProfileConfig(step=step, wait=args.wait, active=args.active, top=args.top, nvtx=args.nvtx)
+               for step in step_configs(args, [args.warmup], [args.iters])]
     printer = Printer(args.format)
     emitter = TableEmitter(printer)
 

@@ -6,14 +6,17 @@ import argparse
 
 from stepscope.results.views import FORMATS
 
+NAME = "show"
+HELP = "render stored records"
+DESCRIPTION = ("Render records from a .jsonl file or a results folder. Default columns: the configuration fields "
+               "that differ between records, the status, and the metrics (medians, not every statistic).")
+
+
 # statistics hidden by default (the median stays): `--columns all` shows everything
 _QUIET_SUFFIXES = ("_mean", "_std", "_min", "_max", "_p10", "_p90", "_n")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("show", help="render stored records", description=(
-        "Render records from a .jsonl file or a results folder. Default columns: the configuration fields "
-        "that differ between records, the status, and the metrics (medians, not every statistic)."))
+def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="a .jsonl file or a folder of them (e.g. stepscope-results)")
     parser.add_argument("--format", default="table", choices=FORMATS)
     parser.add_argument("--columns", default=None,
@@ -24,7 +27,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "as the first columns of every row instead")
     parser.add_argument("--kind", default=None, help="only records of this kind (step, profile, comm, ...)")
     parser.add_argument("--status", default=None, help="only records with this status (ok, oom, ...)")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,51 +4,36 @@ The work and the records: `stepscope.measure.step` (`run_step_sweep`, `run_step_
 from __future__ import annotations
 
 import argparse
-import itertools
 
 from stepscope.cli.options import (
     add_output_options,
-    add_seed_option,
-    add_threads_option,
     config_default,
     non_negative_int,
     parse_list,
     positive_int,
-    threads_list,
 )
-from stepscope.cli.options.model import add_model_options, add_workload_options, workload_grid
+from stepscope.cli.options.model import add_step_options, step_configs
 from stepscope.measure.step.config import StepConfig
+
+NAME = "step"
+HELP = "benchmark a training step (forward, backward, optimizer)"
+DESCRIPTION = "Time a training step phase by phase. Comma lists sweep."
+
 
 SUMMARY_COLUMNS = ["model", "batch", "seq", "mode", "precision", "attention", "warmup", "threads", "status",
                    "step_ms_median", "step_tokens_per_s", "step_GFLOPps", "step_gemm_fraction", "step_mfu_pct"]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("step", help="benchmark a training step (forward, backward, optimizer)",
-                                   description="Time a training step phase by phase. Comma lists sweep.")
-    add_model_options(parser)
-    add_workload_options(parser, StepConfig)
+def add_options(parser: argparse.ArgumentParser) -> None:
+    add_step_options(parser)
     parser.add_argument("--warmup", default=config_default(StepConfig, "warmup"),
                         help="untimed steps before timing (comma list sweeps; default %(default)s)")
     parser.add_argument("--iters", default=config_default(StepConfig, "iters"),
                         help="timed steps (default %(default)s)")
-    add_seed_option(parser, StepConfig)
-    add_threads_option(parser)
     parser.add_argument("--ab", action="store_true",
                         help="compare exactly two setups (e.g. --attention naive,sdpa) side by side: whole steps of "
                              "A and B alternate, and the median per-pair time ratio is the answer")
     add_output_options(parser)
-    parser.set_defaults(func=run)
-
-
-def step_configs(args: argparse.Namespace) -> list[StepConfig]:
-    """Every point of the command line (a `StepConfig` per combination of the listed values)."""
-    warmups = parse_list(args.warmup, non_negative_int, "--warmup")
-    iters = parse_list(args.iters, positive_int, "--iters")
-    return [StepConfig(model=spec, workload=workload, attention=attention, device=args.device, compile=args.compile,
-                       warmup=warmup, iters=n, threads=threads, seed=args.seed)
-            for (spec, workload, attention), warmup, n, threads
-            in itertools.product(workload_grid(args), warmups, iters, threads_list(args))]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.measure.step.benchmark import PHASE_COLUMNS, run_step_sweep
     from stepscope.results.views import record_row
 
-    configs = step_configs(args)
+    configs = step_configs(args, parse_list(args.warmup, non_negative_int, "--warmup"),
+                           parse_list(args.iters, positive_int, "--iters"))
     if args.ab:
         return run_ab(args, configs)
     printer = Printer(args.format)

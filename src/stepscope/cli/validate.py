@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import argparse
 
-from stepscope.cli.options import add_output_options, choice, one_value
-from stepscope.cli.options.perfmodel import add_config_option, add_system_option
+from stepscope.cli.options import add_config_option, add_output_options, choice, one_value
+from stepscope.cli.options.perfmodel import add_system_option
 from stepscope.perfmodel.validate import DATASETS, ValidateConfig
 
+NAME = "validate"
+HELP = "predict published measured runs and print the error"
+DESCRIPTION = ("Predict every published run shipped with stepscope (Narayanan et al. 2021, Table 1: Megatron-LM GPT "
+               "1.7B-1T on up to 3072 A100s) from first principles and print predicted vs measured.")
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("validate", help="predict published measured runs and print the error",
-                                   description="Predict every published run shipped with stepscope (Narayanan et "
-                                               "al. 2021, Table 1: Megatron-LM GPT 1.7B-1T on up to 3072 A100s) "
-                                               "from first principles and print predicted vs measured.")
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     add_system_option(parser, ValidateConfig)
-    add_config_option(parser, "--dataset", ValidateConfig, f"one of {', '.join(DATASETS)}")
+    add_config_option(parser, ValidateConfig, "--dataset", f"one of {', '.join(DATASETS)}")
     add_output_options(parser, resume=False)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from stepscope.distributed.collectives.points import CALL_MODES
 from stepscope.errors import UsageError
 from stepscope.innet.job_config import JobConfig, shared_job_id
 from stepscope.innet.reference import CheckResult, check_result, reference_input
@@ -26,7 +27,6 @@ from stepscope.innet.runner import RunOutcome, check_job, record_settings, run_r
 from stepscope.innet.worker import InnetJob
 from stepscope.results.store import RecordStore, make_record
 
-MODES = ("per-op", "batch")
 COUNTER_COLUMNS = ("ok", "to", "kr", "re", "dup", "old", "bad")
 
 
@@ -38,7 +38,7 @@ class BenchConfig:
     """Ranks (worker processes)."""
     sizes_bytes: tuple[int, ...] = (4096, 65536, 1 << 20)
     """All-reduce sizes in bytes (4 bytes per element)."""
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = CALL_MODES
     """per-op: each op waited before the next; batch: `batch` ops issued together."""
     batch: int = 8
     """Ops issued together in batch mode."""
@@ -68,8 +68,8 @@ class BenchConfig:
             raise UsageError("--world must be at least 1")
         if any(size < 4 or size % 4 for size in self.sizes_bytes):
             raise UsageError("--sizes must be multiples of 4 bytes (float32/int32 elements)")
-        if any(mode not in MODES for mode in self.modes):
-            raise UsageError(f"--mode must be {' or '.join(MODES)}")
+        if any(mode not in CALL_MODES for mode in self.modes):
+            raise UsageError(f"--mode must be {' or '.join(CALL_MODES)}")
         if self.dtype not in ("f32", "i32") or self.op not in ("avg", "sum"):
             raise UsageError("--dtype f32|i32 and --op avg|sum")
         if self.k is not None and not 1 <= self.k <= self.world:

@@ -242,7 +242,10 @@ class Engine:
         except BlockingIOError:
             pass  # the socket buffer is full: the packet is lost, the retransmission timer recovers it
         except ConnectionRefusedError:
-            raise InnetError(self._unreachable("refused the packets (nothing listens on that port)")) from None
+            raise self._refused() from None
+
+    def _refused(self) -> InnetError:
+        return InnetError(self._unreachable("refused the packets (nothing listens on that port)"))
 
     def _drain(self) -> None:
         for _ in range(1024):
@@ -251,7 +254,7 @@ class Engine:
             except (BlockingIOError, InterruptedError):
                 return
             except ConnectionRefusedError:
-                raise InnetError(self._unreachable("refused the packets (nothing listens on that port)")) from None
+                raise self._refused() from None
             self.last_heard = time.monotonic()
             if not self.faulty:
                 self._on_datagram(data)

@@ -143,7 +143,7 @@ def calibrate(records: RecordSet, base: SystemSpec, *, knots: Sequence[float] = 
                         description=f"fitted by stepscope calibrate to {len(points)} step configurations on "
                                     f"{', '.join(hosts)} ({len(y)} phases)")
     inverse, x_vector, x_bytes, x_kernel = theta[:k], theta[k], theta[k + 1], theta[k + 2]
-    parameters = {**{f"efficiency_at_{g:g}_GFLOP": float(1.0 / inv) for g, inv in zip(knots, inverse)},
+    parameters = {**{f"efficiency_at_{g:g}_GFLOP": float(1.0 / inv) for g, inv in zip(knots, inverse, strict=True)},
                   "vector_GFLOPps": float(1.0 / x_vector / 1e9), "bandwidth_GBps": float(1.0 / x_bytes / 1e9),
                   "kernel_overhead_us": float(x_kernel * 1e6), "flash_efficiency": flash,
                   **{f"matrix_peak_{p}_GFLOPps": v / 1e9 for p, v in sorted(peaks.items()) if p in measured_peaks}}
@@ -172,7 +172,8 @@ def _fit_physical(model: PhaseModel, rows: list[tuple[Terms, str]], y: np.ndarra
 
 
 def _sources(knots: Sequence[float], free: list[int], theta: np.ndarray, floor: float, fixed: dict[int, float],
-             prior: np.ndarray, base: str, flash_fitted: bool, measured_peaks: dict[str, list[float]]) -> dict[str, str]:
+             prior: np.ndarray, base: str, flash_fitted: bool,
+             measured_peaks: dict[str, list[float]]) -> dict[str, str]:
     """parameter -> where its value comes from (see `Calibration.sources`)."""
     k = len(knots)
     out: dict[str, str] = {}
@@ -235,7 +236,8 @@ def _accelerator(acc: Accelerator, peaks: dict[str, float], knots: Sequence[floa
     vector_tflops = {p: 1.0 / x_vector / 1e12 for p in sorted(set(acc.vector_TFLOPps) | set(peaks))}
     return replace(acc, name=f"{acc.name} (calibrated)", matrix_TFLOPps={p: v / 1e12 for p, v in peaks.items()},
                    vector_TFLOPps=vector_tflops, hbm_GBps=1.0 / x_bytes / 1e9, memory_efficiency=1.0,
-                   matrix_efficiency_by_GFLOP=tuple((g, float(1.0 / inv)) for g, inv in zip(knots, inverse)),
+                   matrix_efficiency_by_GFLOP=tuple((g, float(1.0 / inv))
+                                                    for g, inv in zip(knots, inverse, strict=True)),
                    kernel_overhead_us=float(x_kernel * 1e6), flash_efficiency=flash)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import pairwise
 
 import numpy as np
 
@@ -146,14 +147,14 @@ def fit(model: PhaseModel, rows: list[tuple[Terms, str]], y: np.ndarray, theta: 
     free = [j for j in range(len(SCALARS)) if j not in fixed]
     ratios = sorted({cost.flops / cost.bytes for terms, _ in rows for kind, cost, _ in terms
                      if kind == "vector" and cost.bytes > 0})
-    thresholds = [0.0] + [(a + b) / 2 for a, b in zip(ratios, ratios[1:])] + [float("inf")]
+    thresholds = [0.0] + [(a + b) / 2 for a, b in pairwise(ratios)] + [float("inf")]
     start = theta.copy()
     for j, value in fixed.items():
         start[k + j] = value
     best: tuple[float, np.ndarray, int] | None = None
     for threshold in thresholds:
         current, previous = start, None
-        for iteration in range(1, 21):
+        for iteration in range(1, 21):  # noqa: B007 - read after the loop: the rounds it took
             built = [model.row(terms, precision, current, threshold) for terms, precision in rows]
             design = np.array([row for row, _ in built])
             curve = design[:, :k]

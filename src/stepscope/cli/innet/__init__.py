@@ -10,21 +10,19 @@ from __future__ import annotations
 import argparse
 
 from stepscope.cli.innet import bench, simulate, switch, timeout_profile, train
+from stepscope.cli.options import add_command, add_subcommands
+
+NAME = "innet"
+HELP = "in-network aggregation: switch, bench, timeout profile, simulator, DDP training"
+DESCRIPTION = "In-network aggregation (SwitchML / straggler-aware DPA style) as real software over UDP."
+
 
 SUBCOMMANDS = (switch, bench, timeout_profile, simulate, train)
 """In the order `stepscope innet --help` lists them."""
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("innet", help="in-network aggregation: switch, bench, timeout profile, "
-                                   "simulator, DDP training", description="In-network aggregation (SwitchML / "
-                                   "straggler-aware DPA style) as real software over UDP.")
-    commands = parser.add_subparsers(dest="innet_command", metavar="SUBCOMMAND", parser_class=type(parser))
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The subcommands (a group command has no `run` of its own)."""
+    commands = add_subcommands(parser, "innet_command", "SUBCOMMAND")
     for subcommand in SUBCOMMANDS:
-        subcommand.register(commands)
-    parser.set_defaults(func=lambda args: _missing_subcommand(parser))
-
-
-def _missing_subcommand(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
+        add_command(commands, subcommand)

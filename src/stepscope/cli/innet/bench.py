@@ -8,6 +8,7 @@ import sys
 from functools import partial
 
 from stepscope.cli.options import (
+    add_config_option,
     add_output_options,
     add_seed_option,
     choice,
@@ -17,20 +18,24 @@ from stepscope.cli.options import (
     positive_int,
 )
 from stepscope.cli.options import innet as innet_options
+from stepscope.distributed.collectives.points import CALL_MODES
 from stepscope.distributed.collectives.sizes import format_bytes
-from stepscope.innet.bench import MODES, BenchConfig
+from stepscope.innet.bench import BenchConfig
+
+NAME = "bench"
+HELP = "innet all-reduce vs gloo: latency and algbw vs size"
+DESCRIPTION = ("In-network all-reduce through a switch process, per-op and batch, side by side with gloo all-reduce "
+               "at the same world size.")
+
 
 COLUMNS = ["size_bytes", "mode", "innet_latency_ms_median", "innet_algbw_Gbps", "gloo_latency_ms_median",
            "gloo_algbw_Gbps", "innet_vs_gloo_speedup", "ok", "to", "kr", "re", "dup", "old", "bad",
            "worker_retransmissions", "checked_elements", "wrong_elements", "unchecked_elements"]
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("bench", help="innet all-reduce vs gloo: latency and algbw vs size",
-                                 description="In-network all-reduce through a switch process, per-op and batch, "
-                                 "side by side with gloo all-reduce at the same world size.")
+def add_options(parser: argparse.ArgumentParser) -> None:
     innet_options.add_world_option(parser, BenchConfig)
-    option = partial(innet_options.config_option, parser, BenchConfig)
+    option = partial(add_config_option, parser, BenchConfig)
     option("--sizes", "all-reduce sizes in bytes (K, M suffixes)", field="sizes_bytes", show=format_bytes)
     option("--mode", "per-op, batch or both", field="modes")
     option("--batch", "ops issued together in batch mode")
@@ -45,7 +50,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_seed_option(parser, BenchConfig, help="seed of inputs and straggler decisions")
     innet_options.add_job_options(parser)
     add_output_options(parser, resume=False)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = BenchConfig(world=innet_options.world(args),
                          sizes_bytes=tuple(parse_list(args.sizes, innet_options.size_bytes, "--sizes")),
-                         modes=tuple(parse_list(args.mode, choice(*MODES), "--mode")),
+                         modes=tuple(parse_list(args.mode, choice(*CALL_MODES), "--mode")),
                          batch=one_value(args.batch, positive_int, "--batch"),
                          warmup=one_value(args.warmup, non_negative_int, "--warmup"),
                          iters=one_value(args.iters, positive_int, "--iters"),

@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any
 
 from stepscope.cli.options import (
+    add_config_option,
     add_output_options,
     add_seed_option,
     fraction,
@@ -19,9 +20,15 @@ from stepscope.cli.options import (
     positive_float,
     positive_int,
 )
-from stepscope.cli.options.innet import config_option, size_bytes
+from stepscope.cli.options.innet import size_bytes
 from stepscope.distributed.collectives.sizes import format_bytes
 from stepscope.innet.simulator import SimConfig
+
+NAME = "simulate"
+HELP = "discrete-event model of the protocol at line rate"
+DESCRIPTION = ("Simulate the protocol at line rate (no sockets): counters, throughput, ideal in-network and ring "
+               "bounds. Comma lists sweep.")
+
 
 SWEEPS: dict[str, Callable[[str], Any]] = {  # SimConfig field (its option: --field-name) -> converter
     "workers": positive_int, "link_gbps": positive_float, "pipes": positive_int, "slots": positive_int,
@@ -33,11 +40,8 @@ COLUMNS = ["workers", "link_gbps", "pipes", "slots", "workload", "sto_ms", "sto_
            "ideal_ring_algbw_Gbps", "sim_packets", "sim_packets_per_s"]
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("simulate", help="discrete-event model of the protocol at line rate",
-                                 description="Simulate the protocol at line rate (no sockets): counters, "
-                                 "throughput, ideal in-network and ring bounds. Comma lists sweep.")
-    option = partial(config_option, parser, SimConfig)
+def add_options(parser: argparse.ArgumentParser) -> None:
+    option = partial(add_config_option, parser, SimConfig)
     option("--workers", "workers n, 2-1024")
     option("--link-gbps", "link rate B, 10-400 Gb/s")
     option("--pipes", "switch pipelines 1-4 (k = 64 x pipes)")
@@ -61,7 +65,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--int32", action="store_true", help="int32 ops (no exponent prologue round)")
     add_seed_option(parser, SimConfig, help="random seed")
     add_output_options(parser, resume=False)
-    parser.set_defaults(func=run)
 
 
 def sim_configs(args: argparse.Namespace) -> list[SimConfig]:

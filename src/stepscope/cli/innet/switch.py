@@ -6,15 +6,23 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from stepscope.cli.options import add_output_options, one_value, optional_value, positive_float, positive_int
-from stepscope.cli.options.innet import config_option
+from stepscope.cli.options import (
+    add_config_option,
+    add_output_options,
+    one_value,
+    optional_value,
+    positive_float,
+    positive_int,
+)
 from stepscope.innet.switch import SwitchConfig
 
+NAME = "switch"
+HELP = "run the software aggregation switch (until Ctrl-C)"
+DESCRIPTION = "A standalone switch process serving several jobs over UDP."
 
-def register(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("switch", help="run the software aggregation switch (until Ctrl-C)",
-                                 description="A standalone switch process serving several jobs over UDP.")
-    option = partial(config_option, parser, SwitchConfig)
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    option = partial(add_config_option, parser, SwitchConfig)
     option("--host", "address to bind (0.0.0.0 for other machines)")
     option("--port", "UDP port (0: the OS picks; printed on start)")
     option("--max-jobs", "jobs served at once")
@@ -28,7 +36,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--stop-on-stdin-eof", action="store_true",
                         help="stop when stdin closes (a helper switch ends with the process that started it)")
     add_output_options(parser, resume=False)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

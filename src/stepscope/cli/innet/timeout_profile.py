@@ -8,6 +8,7 @@ import argparse
 from functools import partial
 
 from stepscope.cli.options import (
+    add_config_option,
     add_output_options,
     add_seed_option,
     choice,
@@ -20,13 +21,15 @@ from stepscope.cli.options import innet as innet_options
 from stepscope.distributed.collectives.sizes import format_bytes
 from stepscope.innet.timeout_profile import WORKLOADS, ProfileConfig
 
+NAME = "timeout-profile"
+HELP = "ok/to counts per straggler timeout, DPA's table"
+DESCRIPTION = ("Sweep the straggler timeout over three workloads on the emulator and print ok / to block counts per "
+               "cell, plus throughput per (STO, RTO).")
 
-def register(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("timeout-profile", help="ok/to counts per straggler timeout, DPA's table",
-                                 description="Sweep the straggler timeout over three workloads on the emulator "
-                                 "and print ok / to block counts per cell, plus throughput per (STO, RTO).")
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     innet_options.add_world_option(parser, ProfileConfig)
-    option = partial(innet_options.config_option, parser, ProfileConfig)
+    option = partial(add_config_option, parser, ProfileConfig)
     option(("-k", "--k"), "fastest-K (default world - 1)")
     option("--sto-ms", "straggler timeouts (ms)")
     option("--rto-ms", "worker retransmission timeouts (ms)")
@@ -36,7 +39,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_seed_option(parser, ProfileConfig, help="seed of the inputs")
     innet_options.add_job_options(parser, timers=False)
     add_output_options(parser, resume=False)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

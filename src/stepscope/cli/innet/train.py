@@ -8,6 +8,7 @@ import argparse
 from functools import partial
 
 from stepscope.cli.options import (
+    add_config_option,
     add_output_options,
     add_seed_option,
     choice,
@@ -22,20 +23,24 @@ from stepscope.cli.options.model import add_model_options
 from stepscope.errors import UsageError
 from stepscope.innet.train import DDP_KINDS, TrainConfig
 
-COLUMNS = ["backend", "tolerance", "straggler", "step_ms_median", "fast_ranks_step_ms_median",
-           "straggler_step_ms_median", "timed_out_blocks", "min_contributors", "loss"]
 CPU_LAYERS = 1
 """Layers of the model unless --n-layers is given: a real model's buckets, at a step time a CPU can afford."""
 
+NAME = "train"
+HELP = "DDP training with gradient buckets averaged by the switch"
+DESCRIPTION = ("Train with DDP: gloo baseline, then the innet hook for K = world and K < world, each without and "
+               "with an injected straggler. On CPU the model is shortened "
+               f"({CPU_LAYERS} layer unless --n-layers is given).")
 
-def register(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("train", help="DDP training with gradient buckets averaged by the switch",
-                                 description="Train with DDP: gloo baseline, then the innet hook for K = world "
-                                 "and K < world, each without and with an injected straggler. On CPU the model "
-                                 f"is shortened ({CPU_LAYERS} layer unless --n-layers is given).")
+
+COLUMNS = ["backend", "tolerance", "straggler", "step_ms_median", "fast_ranks_step_ms_median",
+           "straggler_step_ms_median", "timed_out_blocks", "min_contributors", "loss"]
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, default=field_default(TrainConfig, "model").name)
     innet_options.add_world_option(parser, TrainConfig)
-    option = partial(innet_options.config_option, parser, TrainConfig)
+    option = partial(add_config_option, parser, TrainConfig)
     option("--batch", "sequences per rank and step")
     option("--seq", "tokens per sequence")
     option("--steps", "timed steps per scenario")
@@ -50,7 +55,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     # this command's job: its own packet size; its straggler (default: the last rank, 2 s) is TrainConfig's
     parser.set_defaults(values_per_packet=str(field_default(TrainConfig, "job").values_per_packet))
     add_output_options(parser, resume=False)
-    parser.set_defaults(func=run)
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:

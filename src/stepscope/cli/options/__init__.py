@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any, TypeVar
 
 from stepscope.errors import UsageError
@@ -149,6 +150,35 @@ def _text(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
+
+
+def add_config_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, config: type,
+                      flags: str | tuple[str, ...],
+                      help: str, *, field: str | None = None, show: Callable[[Any], str] | None = None,
+                      none: str | None = None) -> None:
+    """An option whose default is field `field` of `config` (default: named as the last flag), as text (`show`
+    formats each value; `none` spells a None default, e.g. `auto`); the help names the default."""
+    flags = (flags,) if isinstance(flags, str) else flags
+    default = config_default(config, field or flags[-1].lstrip("-").replace("-", "_"), show)
+    default = none if default is None else default
+    parser.add_argument(*flags, default=default, help=help if default is None else f"{help} (default %(default)s)")
+
+
+# ---- commands -------------------------------------------------------------------------------------------------
+def add_command(subparsers: argparse._SubParsersAction, command: ModuleType) -> argparse.ArgumentParser:
+    """The parser of a command module: its `NAME`, `HELP` and `DESCRIPTION`, the options its
+    `add_options(parser)` declares, and its `run(args)` as what the command does (a group command such as
+    `innet` has subcommands instead, each a command module)."""
+    parser = subparsers.add_parser(command.NAME, help=command.HELP, description=command.DESCRIPTION)
+    command.add_options(parser)
+    if hasattr(command, "run"):
+        parser.set_defaults(func=command.run)
+    return parser
+
+
+def add_subcommands(parser: argparse.ArgumentParser, dest: str, metavar: str) -> argparse._SubParsersAction:
+    """The subcommands of a group command (`innet`, `precision`): one must be given."""
+    return parser.add_subparsers(dest=dest, metavar=metavar, required=True, parser_class=type(parser))
 
 
 # ---- option groups shared by several commands -----------------------------------------------------------------

@@ -1,15 +1,13 @@
-"""Options of the innet commands: an option whose default is a config field (`config_option`), and those the
-commands share: the switch job (switch, packets, timers), fault injection, `-k`, `--world`, byte sizes; their
-defaults come from `JobConfig` and `FaultConfig`. Parsing only: the checks against each other and the world
-are the library's (`stepscope.innet`)."""
+"""Options the innet commands share: the switch job (switch, packets, timers), fault injection, `-k`, `--world`,
+byte sizes; their defaults come from `JobConfig` and `FaultConfig`. Parsing only: the checks against each other
+and the world are the library's (`stepscope.innet`)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import Any
 
 from stepscope.cli.options import (
+    add_config_option,
     config_default,
     field_default,
     fraction,
@@ -33,24 +31,13 @@ def size_bytes(text: str) -> int:
     return value
 
 
-def config_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, config: type, flags: str | tuple[str, ...],
-                  help: str, *, field: str | None = None, show: Callable[[Any], str] | None = None,
-                  none: str | None = None) -> None:
-    """An option whose default is field `field` of `config` (default: named as the last flag), as text (`show`
-    formats each value; `none` spells a None default, e.g. `auto`); the help names the default."""
-    flags = (flags,) if isinstance(flags, str) else flags
-    default = config_default(config, field or flags[-1].lstrip("-").replace("-", "_"), show)
-    default = none if default is None else default
-    parser.add_argument(*flags, default=default, help=help if default is None else f"{help} (default %(default)s)")
-
-
 def optional_k(text: str | None, option: str = "-k") -> int | None:
     """Fastest-K: None for 'world' or nothing."""
     return None if text in (None, "", "world") else one_value(text, positive_int, option)
 
 
 def add_world_option(parser: argparse.ArgumentParser, config: type) -> None:
-    config_option(parser, config, "--world", "ranks (torchrun or Slurm set their own)")
+    add_config_option(parser, config, "--world", "ranks (torchrun or Slurm set their own)")
 
 
 def world(args: argparse.Namespace) -> int:
@@ -63,25 +50,25 @@ def add_job_options(parser: argparse.ArgumentParser, *, timers: bool = True) -> 
     group = parser.add_argument_group("switch job")
     group.add_argument("--switch", default=None, metavar="HOST:PORT",
                        help="use a running `stepscope innet switch` (default: start one for this run)")
-    config_option(group, JobConfig, "--pipes", "switch pipelines 1-4: k = 64 x pipes values per packet")
+    add_config_option(group, JobConfig, "--pipes", "switch pipelines 1-4: k = 64 x pipes values per packet")
     group.add_argument("--values-per-packet", default=config_default(JobConfig, "values_per_packet"), metavar="K",
                        help="override k (emulation only; up to 16368 values = one 64 KiB datagram)")
-    config_option(group, JobConfig, "--slots", "slot pool size s per job (packets in flight)")
-    config_option(group, JobConfig, "--window", "most outstanding packets per worker (default: slots)")
+    add_config_option(group, JobConfig, "--slots", "slot pool size s per job (packets in flight)")
+    add_config_option(group, JobConfig, "--window", "most outstanding packets per worker (default: slots)")
     if timers:
-        config_option(group, JobConfig, "--sto-ms", "straggler timeout in ms (rounded up to 65.536 us ticks)")
-        config_option(group, JobConfig, "--sto-ticks", "straggler timeout in switch ticks (overrides --sto-ms)")
-        config_option(group, JobConfig, "--rto-ms", "first retransmission timeout in ms, or auto (srtt + 4 rttvar); "
-                      "doubles per retry of a packet", none="auto")
-    config_option(group, JobConfig, "--rto-max-ms", "largest retransmission timeout")
-    config_option(group, JobConfig, "--sender-threads", "worker threads that quantize and send")
-    config_option(group, JobConfig, "--timeout-s", "an op without progress this long fails")
+        add_config_option(group, JobConfig, "--sto-ms", "straggler timeout in ms (rounded up to 65.536 us ticks)")
+        add_config_option(group, JobConfig, "--sto-ticks", "straggler timeout in switch ticks (overrides --sto-ms)")
+        add_config_option(group, JobConfig, "--rto-ms", "first retransmission timeout in ms, or auto "
+                          "(srtt + 4 rttvar); doubles per retry of a packet", none="auto")
+    add_config_option(group, JobConfig, "--rto-max-ms", "largest retransmission timeout")
+    add_config_option(group, JobConfig, "--sender-threads", "worker threads that quantize and send")
+    add_config_option(group, JobConfig, "--timeout-s", "an op without progress this long fails")
     faults = parser.add_argument_group("fault injection")
-    config_option(faults, FaultConfig, "--drop", "drop probability, both directions", field="drop_up")
+    add_config_option(faults, FaultConfig, "--drop", "drop probability, both directions", field="drop_up")
     faults.add_argument("--drop-up", default=None, help="drop probability worker -> switch (overrides --drop)")
     faults.add_argument("--drop-down", default=None, help="drop probability switch -> worker (overrides --drop)")
-    config_option(faults, FaultConfig, "--duplicate", "duplication probability (both directions)")
-    config_option(faults, FaultConfig, "--reorder", "reordering probability (both directions)")
+    add_config_option(faults, FaultConfig, "--duplicate", "duplication probability (both directions)")
+    add_config_option(faults, FaultConfig, "--reorder", "reordering probability (both directions)")
     faults.add_argument("--straggler", default=None, metavar="SPEC",
                         help="e.g. 'ranks=1;delay=20ms;prob=1;steps=2-5' (steps 0-based)")
     faults.add_argument("--fault-seed", type=int, default=field_default(FaultConfig, "seed"),

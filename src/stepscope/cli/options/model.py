@@ -1,5 +1,6 @@
 """Model and workload options: `--model PRESET` with a `--<field>` override for every ModelSpec field, and the
-workload of a measured step (`step`, `profile`, `memory`). Comma lists sweep: every combination is a point."""
+workload of a measured step (`step`, `profile`, `memory`) with the `StepConfig`s they make. Comma lists sweep:
+every combination is a point."""
 
 from __future__ import annotations
 
@@ -7,7 +8,17 @@ import argparse
 import itertools
 from typing import Any
 
-from stepscope.cli.options import add_device_option, choice, config_default, parse_list, positive_int
+from stepscope.cli.options import (
+    add_device_option,
+    add_seed_option,
+    add_threads_option,
+    choice,
+    config_default,
+    parse_list,
+    positive_int,
+    threads_list,
+)
+from stepscope.measure.step.config import StepConfig
 from stepscope.spec import MODES, PRECISIONS, ModelSpec, Workload, get_preset, parse_field_value
 from stepscope.spec.overrides import override_fields
 
@@ -72,3 +83,20 @@ def workload_grid(args: argparse.Namespace) -> list[tuple[ModelSpec, Workload, s
     return [(spec, Workload(batch=batch, seq=seq, precision=precision, mode=mode), attention)
             for spec, batch, seq, mode, precision, attention
             in itertools.product(specs, batches, seqs, modes, precisions, attentions)]
+
+
+def add_step_options(parser: argparse.ArgumentParser) -> None:
+    """What `step`, `profile` and `memory` share: model, workload, `--seed`, `--threads` (`StepConfig`'s
+    defaults); `step_configs` reads them back."""
+    add_model_options(parser)
+    add_workload_options(parser, StepConfig)
+    add_seed_option(parser, StepConfig)
+    add_threads_option(parser)
+
+
+def step_configs(args: argparse.Namespace, warmups: list[int], iters: list[int]) -> list[StepConfig]:
+    """A `StepConfig` per combination of the listed model, workload, warmup, iters and threads values."""
+    return [StepConfig(model=spec, workload=workload, attention=attention, device=args.device, compile=args.compile,
+                       warmup=warmup, iters=n, threads=threads, seed=args.seed)
+            for (spec, workload, attention), warmup, n, threads
+            in itertools.product(workload_grid(args), warmups, iters, threads_list(args))]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from stepscope.cli.options import (
+    add_config_option,
     choice,
     config_default,
     field_default,
@@ -22,14 +23,6 @@ from stepscope.perfmodel.runs import ModelledWorkload
 from stepscope.spec import MODES, PRECISIONS, ModelSpec, Workload
 from stepscope.spec.plan import RECOMPUTE, ParallelPlan
 from stepscope.spec.system import list_systems
-
-
-def add_config_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, option: str, config: type,
-                      help: str, field: str | None = None) -> None:
-    """`option` with its default from `config.<field>` (default field: the option's name in snake case), the
-    default shown at the end of the help."""
-    name = field or option.removeprefix("--").replace("-", "_")
-    parser.add_argument(option, default=config_default(config, name), help=f"{help} (default %(default)s)")
 
 
 def add_system_option(parser: argparse.ArgumentParser, config: type, option: str = "--system", field: str = "system",
@@ -47,8 +40,8 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
                        help="sequences per step over all replicas (predict default: dp x micro-batch)")
     group.add_argument("--seq", default=config_default(ModelledWorkload, "seq"),
                        help="tokens per sequence (default: the model's context_length)")
-    add_config_option(group, "--precision", ModelledWorkload, "|".join(PRECISIONS))
-    add_config_option(group, "--mode", ModelledWorkload, "|".join(MODES))
+    add_config_option(group, ModelledWorkload, "--precision", "|".join(PRECISIONS))
+    add_config_option(group, ModelledWorkload, "--mode", "|".join(MODES))
     group = parser.add_argument_group("execution switches")
     group.add_argument("--dropout", action="store_true", help="the run applies dropout (masks kept for backward)")
     group.add_argument("--fp32-grads", action="store_true", help="gradients accumulated and reduced in fp32")
@@ -77,13 +70,13 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
     for option, help_text in (("--tp", "tensor parallel"), ("--pp", "pipeline stages"), ("--cp", "context parallel"),
                               ("--interleave", "virtual pipeline chunks per stage"),
                               ("--micro-batch", "sequences per micro-batch")):
-        add_config_option(group, option, ParallelPlan, help_text)
+        add_config_option(group, ParallelPlan, option, help_text)
     group.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
     for option, help_text, field in (("--zero", "ZeRO stage 0-3, 1 = distributed optimizer", None),
                                      ("--recompute", "|".join(RECOMPUTE), None),
                                      ("--flash", "fused flash attention: yes|no", "flash_attention"),
                                      ("--placement", "nesting of the groups on ranks, innermost first", None)):
-        add_config_option(group, option, ParallelPlan, help_text, field)
+        add_config_option(group, ParallelPlan, option, help_text, field=field)
 
 
 def plan_from_args(args: argparse.Namespace, spec: ModelSpec) -> tuple[ParallelPlan, Workload]:

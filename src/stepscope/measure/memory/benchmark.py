@@ -225,7 +225,7 @@ def _title(config: MemoryConfig, device: str) -> str:
             f"{workload.precision} {config.step.attention} ({device})")
 
 
-def run_memory_sweep(configs: list[MemoryConfig], out_dir: str | Path | None, *, resume: bool = False,
+def run_memory_sweep(configs: list[MemoryConfig], out: str | Path | None = None, *, resume: bool = False,
                      plot_dir: str | Path | None = None, snapshot: str | Path | None = None,
                      on_record: Callable[[dict[str, Any], MemoryConfig, MemoryResult | None], None]
                      = lambda record, config, result: None) -> SweepOutcome:
@@ -251,12 +251,12 @@ def run_memory_sweep(configs: list[MemoryConfig], out_dir: str | Path | None, *,
             raise UsageError("--snapshot needs a CUDA device (on CPU the timeline PNG shows the allocations)")
         for index in range(len(configs)):
             check_writable_file(rank_path(point_path(snapshot, index, len(configs))), "the snapshot")
-    if out_dir is not None:
-        check_results_folder(out_dir)  # before the plots, which may go there: `--out FILE` says "not a folder"
+    if out is not None:
+        check_results_folder(out)  # before the plots, which may go there: `--out FILE` says "not a folder"
     if plot_dir is not None:
         check_writable_dir(plot_dir, "timeline plots")
-    if out_dir is not None:
-        check_tables_writable(out_dir, ["memory", *TABLE_KINDS])
+    if out is not None:
+        check_tables_writable(out, ["memory", *TABLE_KINDS])
     index_of = {id(config): i for i, config in enumerate(configs)}
     names = [plot_name(config) for config in configs]
 
@@ -272,13 +272,13 @@ def run_memory_sweep(configs: list[MemoryConfig], out_dir: str | Path | None, *,
         plot = Path(plot_dir) / f"{name}.png" if plot_dir is not None else None
         snap = rank_path(point_path(snapshot, index, len(configs))) if snapshot is not None else None
         result = measure_memory(config, plot_path=plot, snapshot_path=snap)
-        if out_dir is not None:
-            append_tables(out_dir, result.tables(), config_of(config), env(config))
+        if out is not None:
+            append_tables(out, result.tables(), config_of(config), env(config))
         return result.metrics(), result
 
     sweep = Sweep(kind="memory", points=configs, config_of=config_of, measure=measure, env_of=env,
                   is_oom=is_out_of_memory, after_oom=lambda: release_memory(device))
-    return sweep.run(out_dir, resume=resume, on_record=on_record)
+    return sweep.run(out, resume=resume, on_record=on_record)
 
 
 def plot_name(config: MemoryConfig) -> str:

@@ -150,7 +150,7 @@ def profile_step(config: ProfileConfig, trace_path: str | Path | None = None) ->
                          trace_path=Path(trace_path) if trace_path is not None else None)
 
 
-def run_profile_sweep(configs: list[ProfileConfig], out_dir: str | Path | None, *, resume: bool = False,
+def run_profile_sweep(configs: list[ProfileConfig], out: str | Path | None = None, *, resume: bool = False,
                       trace: str | Path | None = None, with_memory: bool = False,
                       on_record: Callable[[dict[str, Any], ProfileConfig, ProfileResult | None], None]
                       = lambda record, config, result: None,
@@ -174,13 +174,13 @@ def run_profile_sweep(configs: list[ProfileConfig], out_dir: str | Path | None, 
         config.validate()
     if trace is not None:
         traces = [rank_path(point_path(trace, index, len(configs))) for index in range(len(configs))]
-        check_trace_apart(trace, traces, out_dir, plots=with_memory)
+        check_trace_apart(trace, traces, out, plots=with_memory)
         for path in traces:
             check_writable_file(path, "the trace")
-    if out_dir is not None:
+    if out is not None:
         naive = any(config.step.attention == "naive" for config in configs)
         kinds = ["profile", *(k for k in TABLE_KINDS if naive or k != "profile-attention")]
-        check_tables_writable(out_dir, kinds + (["memory", *MEMORY_KINDS] if with_memory else []))
+        check_tables_writable(out, kinds + (["memory", *MEMORY_KINDS] if with_memory else []))
     device = resolve_device(configs[0].step.device)
     index_of = {id(config): i for i, config in enumerate(configs)}
 
@@ -190,14 +190,14 @@ def run_profile_sweep(configs: list[ProfileConfig], out_dir: str | Path | None, 
     def measure(config: ProfileConfig) -> tuple[dict[str, Any], ProfileResult]:
         path = rank_path(point_path(trace, index_of[id(config)], len(configs))) if trace is not None else None
         result = profile_step(config, path)
-        if out_dir is not None:
-            append_tables(out_dir, result.tables(), config.record_config(), env(config))
+        if out is not None:
+            append_tables(out, result.tables(), config.record_config(), env(config))
         return result.metrics(), result
 
     sweep = Sweep(kind="profile", points=configs, config_of=ProfileConfig.record_config, measure=measure,
                   env_of=env, is_oom=is_out_of_memory, after_oom=lambda: release_memory(device))
-    outcome = sweep.run(out_dir, resume=resume, on_record=on_record)
+    outcome = sweep.run(out, resume=resume, on_record=on_record)
     if with_memory:
-        run_memory_sweep([MemoryConfig(step=config.step, top=config.top) for config in configs], out_dir,
-                         resume=resume, plot_dir=out_dir, on_record=on_memory_record)
+        run_memory_sweep([MemoryConfig(step=config.step, top=config.top) for config in configs], out,
+                         resume=resume, plot_dir=out, on_record=on_memory_record)
     return outcome
