@@ -76,7 +76,7 @@ def test_no_feasible_plan_names_the_constraint():
 
 def test_rejection_counts_follow_the_rules():
     space = SearchSpace(tp=(1, 3), pp=(1,), micro_batch=(1,), interleave=(1,), zero=(0,), recompute=("none",),
-                        sequence_parallel=(False,), placements=False)
+                        sequence_parallel=(False,), placements=False, shard_group=(0,))
     result = search(get_preset("llama3-8b"), Workload(batch=8, seq=256, precision="bf16"), load_system("H100-SXM"),
                     3, space)
     assert result.rejected["tp divides n_heads"] == 1 and result.examples["tp divides n_heads"] == \

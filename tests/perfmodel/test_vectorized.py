@@ -18,6 +18,8 @@ CASES = [  # (model, system, seq, global batch, precision, mode)
     ("megatron-1.7b", "MI300X", 2048, 64, "fp16", "fwd-bwd"),
     ("small", "CPU", 256, 16, "fp32", "train"),
     ("gpt2", "B200", 1024, 32, "fp32", "fwd"),
+    ("llama3-405b", "H100-SXM", 8192, 256, "fp8", "train"),
+    ("gpt3-175b", "H200", 2048, 512, "fp8", "fwd-bwd"),
 ]
 
 
@@ -26,10 +28,20 @@ def random_plan(rng: random.Random, spec, batch: int, seq: int, switches: dict) 
     powers = [1, 2, 4, 8, 16]
     tp, pp, cp, dp = (rng.choice(powers) for _ in range(4))
     divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+    # uneven stages: first and last one layer fewer than the middle, or only the first given
+    stages = rng.choice([(0, 0), (0, 0), "fewer", "first"])
+    if stages == "fewer" and pp > 2 and (spec.n_layers + 2) % pp == 0:
+        stages = ((spec.n_layers + 2) // pp - 1,) * 2
+    elif stages == "first" and pp > 1 and spec.n_layers % pp == 0 and spec.n_layers // pp > 1:
+        stages = (spec.n_layers // pp - 1, spec.n_layers // pp + 1)
+    else:
+        stages = (0, 0)
+    shard = rng.choice([0, 0, 1, 2, 4])
     plan = ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=rng.choice(divisors),
                         interleave=rng.choice([1, 1, 2, 3, 4]), zero=rng.randrange(4),
                         recompute=rng.choice(RECOMPUTE), sequence_parallel=tp > 1 and rng.random() < 0.5,
-                        flash_attention=rng.random() < 0.5, placement=rng.choice(PLACEMENTS), **switches)
+                        flash_attention=rng.random() < 0.5, placement=rng.choice(PLACEMENTS),
+                        first_stage_layers=stages[0], last_stage_layers=stages[1], shard_group=shard, **switches)
     try:
         return plan.check(spec, batch, seq)
     except UsageError:
@@ -42,9 +54,11 @@ def test_vectorized_equals_scalar_on_random_plans(case):
     spec, system = get_preset(name), load_system(system_name)
     workload = Workload(batch=batch, seq=seq, precision=precision, mode=mode)
     rng = random.Random(CASES.index(case))  # not hash(): string hashes change from run to run
-    for switches in ({"dropout": True, "fp32_grads": True, "dp_overlap": False, "tp_overlap": False},
+    for switches in ({"dropout": True, "fp32_grads": True, "dp_overlap": False, "tp_overlap": False,
+                      "reshard_after_forward": False, "fp8_recipe": "current"},
                      {"dropout": False, "fp32_grads": False, "dp_overlap": True, "tp_overlap": True},
-                     {"dropout": True, "fp32_grads": False, "dp_overlap": True, "tp_overlap": True}):
+                     {"dropout": True, "fp32_grads": False, "dp_overlap": True, "tp_overlap": True,
+                      "reshard_after_forward": False, "fp8_recipe": "blockwise"}):
         plans = []
         while len(plans) < 40:
             plan = random_plan(rng, spec, batch, seq, switches)

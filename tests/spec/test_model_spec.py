@@ -74,7 +74,8 @@ def test_param_bytes_and_workload():
     with pytest.raises(UsageError, match="exceeds the model's context_length"):
         Workload(seq=2048).check_fits(1024)
     with pytest.raises(UsageError, match="precision must be one of"):
-        Workload(precision="fp8")
+        Workload(precision="fp4")
+    assert Workload(precision="fp8").precision == "fp8"  # the model predicts fp8; measuring refuses it
 
 
 def test_every_preset_validates():

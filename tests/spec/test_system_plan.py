@@ -109,7 +109,10 @@ def test_rules_work_element_wise_on_arrays_like_on_one_plan():
     arrays = {"tp": rng.choice([1, 2, 3, 4, 8, 64], n), "pp": rng.choice([1, 2, 5, 8], n),
               "cp": rng.choice([1, 2, 3], n), "dp": rng.choice([1, 2, 3, 5, 8], n),
               "micro_batch": rng.choice([1, 2, 4, 7], n), "interleave": rng.choice([1, 2, 5], n),
-              "sequence_parallel": rng.random(n) < 0.5}
+              "sequence_parallel": rng.random(n) < 0.5,
+              # uneven stages (0: even) and shard groups, valid and not
+              "first_stage_layers": rng.choice([0, 0, 1, 11, 12], n), "last_stage_layers": rng.choice([0, 0, 1, 12], n),
+              "shard_group": rng.choice([0, 0, 1, 2, 4], n)}
 
     class Rows:
         pass

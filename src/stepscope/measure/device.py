@@ -51,6 +51,9 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 
 def check_precision(device: torch.device, precision: str) -> None:
     """Raise a UsageError when `precision` cannot run on `device` (probed with a tiny autocast matmul)."""
+    if precision == "fp8":
+        raise UsageError("fp8 training is predicted (predict, plan, validate), not measured: stepscope measures "
+                         "fp32, bf16 and fp16")
     dtype_of(precision)
     if precision == "fp32":
         return

@@ -50,12 +50,25 @@ class Candidates:
     flash_attention: np.ndarray
     placement: np.ndarray
     """Index into PLACEMENTS."""
+    first_stage_layers: np.ndarray | None = None
+    """Layers of the first pipeline stage (0: even split; None: all even)."""
+    last_stage_layers: np.ndarray | None = None
+    """Layers of the last pipeline stage (0: even split; None: all even)."""
+    shard_group: np.ndarray | None = None
+    """ZeRO/FSDP shard group size (0: all dp x cp ranks; None: all 0)."""
+    reshard_after_forward: bool = True
+    fp8_recipe: str = "delayed"
     dropout: bool = False
     fp32_grads: bool = False
     dp_overlap: bool = True
     tp_overlap: bool = False
     layout: dict[str, np.ndarray] | None = None
     """Members per fast domain of each dimension's group, when the caller computed them already."""
+
+    def __post_init__(self) -> None:
+        for name in ("first_stage_layers", "last_stage_layers", "shard_group"):
+            if getattr(self, name) is None:
+                setattr(self, name, np.zeros(len(self.dp), dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.dp)
@@ -91,16 +104,23 @@ class Candidates:
                             recompute=RECOMPUTE[int(self.recompute[i])], interleave=int(self.interleave[i]),
                             micro_batch=int(self.micro_batch[i]), flash_attention=bool(self.flash_attention[i]),
                             dropout=self.dropout, fp32_grads=self.fp32_grads, dp_overlap=self.dp_overlap,
-                            tp_overlap=self.tp_overlap, placement=PLACEMENTS[int(self.placement[i])])
+                            tp_overlap=self.tp_overlap, placement=PLACEMENTS[int(self.placement[i])],
+                            first_stage_layers=int(self.first_stage_layers[i]),
+                            last_stage_layers=int(self.last_stage_layers[i]), shard_group=int(self.shard_group[i]),
+                            reshard_after_forward=self.reshard_after_forward, fp8_recipe=self.fp8_recipe)
 
     @classmethod
     def from_plans(cls, plans: Sequence[ParallelPlan]) -> Candidates:
-        """Arrays from ParallelPlans that share the scalar switches (dropout, fp32_grads, overlaps)."""
+        """Arrays from ParallelPlans that share the scalar switches (dropout, fp32_grads, overlaps, resharding,
+        fp8 recipe)."""
         first = plans[0]
-        for plan in plans:
-            if (plan.dropout, plan.fp32_grads, plan.dp_overlap, plan.tp_overlap) != (
-                    first.dropout, first.fp32_grads, first.dp_overlap, first.tp_overlap):
-                raise ValueError("plans must share dropout, fp32_grads, dp_overlap and tp_overlap")
+
+        def switches(p: ParallelPlan) -> tuple:
+            return p.dropout, p.fp32_grads, p.dp_overlap, p.tp_overlap, p.reshard_after_forward, p.fp8_recipe
+
+        if any(switches(plan) != switches(first) for plan in plans):
+            raise ValueError("plans must share dropout, fp32_grads, dp_overlap, tp_overlap, reshard_after_forward "
+                             "and fp8_recipe")
 
         def ints(get) -> np.ndarray:
             return np.array([get(p) for p in plans], dtype=np.int64)
@@ -111,6 +131,9 @@ class Candidates:
                    sequence_parallel=np.array([p.sequence_parallel for p in plans], dtype=bool),
                    flash_attention=np.array([p.flash_attention for p in plans], dtype=bool),
                    placement=ints(lambda p: _PLACEMENT_INDEX[tuple(p.placement)]),
+                   first_stage_layers=ints(lambda p: p.first_stage_layers),
+                   last_stage_layers=ints(lambda p: p.last_stage_layers), shard_group=ints(lambda p: p.shard_group),
+                   reshard_after_forward=first.reshard_after_forward, fp8_recipe=first.fp8_recipe,
                    dropout=first.dropout, fp32_grads=first.fp32_grads, dp_overlap=first.dp_overlap,
                    tp_overlap=first.tp_overlap)
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from stepscope.perfmodel.collectives import collective_time, members_per_domain, p2p
 from stepscope.perfmodel.memory import GiB, Memory, grad_bytes, memory, stage_params
-from stepscope.perfmodel.ops import Geometry, Op, embedding_ops, head_ops, layer_ops
+from stepscope.perfmodel.ops import Geometry, Op, activation_precision, embedding_ops, head_ops, layer_ops
+from stepscope.perfmodel.stages import pipeline_stages
 from stepscope.perfmodel.timing import (
     DEFAULT_BUCKET_MIB,
     bubble,
@@ -101,21 +102,33 @@ class Prediction:
         return out
 
 
+def geometry(plan: ParallelPlan, workload: Workload) -> Geometry:
+    """One micro-batch on one GPU of `plan`."""
+    fp8 = plan.fp8_recipe if workload.precision == "fp8" else None
+    return Geometry(plan.micro_batch, workload.seq, bytes_per_element(activation_precision(workload.precision)),
+                    plan.tp, plan.cp, plan.sequence_parallel, plan.flash_attention, plan.dropout, fp8)
+
+
 def group_layout(plan: ParallelPlan, domain_size: int) -> dict[str, int]:
-    """Members of each dimension's group inside one fast domain, from the plan's placement, and of the
-    gradient-reduction group `dp_cp` (dp x cp ranks: the product of the two, exact for power-of-two sizes)."""
+    """Members of each dimension's group inside one fast domain, from the plan's placement, of the
+    gradient-reduction group `dp_cp` (dp x cp ranks: the product of the two, exact for power-of-two sizes), and
+    of the ZeRO/FSDP shard group (`shard`, the innermost `plan.shard` of them) and its replica group
+    (`replica`, one rank of every shard group)."""
     layout = {dim: members_per_domain(plan.size(dim), plan.stride(dim), domain_size) for dim in DIMENSIONS}
     layout["dp_cp"] = layout["dp"] * layout["cp"]
+    layout["shard"] = min(plan.shard, layout["dp_cp"])
+    layout["replica"] = max(1, layout["dp_cp"] // plan.shard)
     return layout
 
 
 def direction_span(ops: Sequence[Op], direction: str, system: SystemSpec, precision: str,
                    layout: dict[str, int], overlap: bool) -> Span:
-    """Time of `ops` in one direction (forward or backward), with their TP/CP collectives."""
+    """Time of `ops` in one direction (forward or backward), with their TP/CP collectives. `precision` is the
+    activations'; an op flagged fp8 runs its GEMM at the fp8 rate."""
     compute = tp = cp = 0.0
     for op in ops:
         cost = getattr(op, direction)
-        timed = op_time(cost, op.kind, system.accelerator, precision)
+        timed = op_time(cost, op.kind, system.accelerator, "fp8" if op.fp8 else precision)
         compute += timed.total_s
         for comm in cost.comms:
             seconds = collective_time(comm.kind, comm.bytes, comm.size, layout[comm.group], system.network)
@@ -146,16 +159,16 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
     workload.check_fits(spec.context_length)
     plan.check(spec, workload.batch, workload.seq)
     precision, mode = workload.precision, workload.mode
+    act = activation_precision(precision)
     acc, network = system.accelerator, system.network
-    e = bytes_per_element(precision)
-    g = Geometry(plan.micro_batch, workload.seq, e, plan.tp, plan.cp, plan.sequence_parallel,
-                 plan.flash_attention, plan.dropout)
+    g = geometry(plan, workload)
+    e = g.act_bytes
     m = plan.micro_batches(workload.batch)
     layout = group_layout(plan, network.domain_size)
     backward = mode != "fwd"
 
     def span(ops: Sequence[Op], direction: str) -> Span:
-        return direction_span(ops, direction, system, precision, layout, plan.tp_overlap)
+        return direction_span(ops, direction, system, act, layout, plan.tp_overlap)
 
     layer = layer_ops(spec, g)
     layer_fwd = span(layer, "forward")
@@ -163,21 +176,21 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
     recomputed = {"full": layer, "selective": [op for op in layer if op.selective], "none": []}[plan.recompute]
     layer_rec = span(recomputed, "forward") if backward else Span()
     emb, head = embedding_ops(spec, g), head_ops(spec, g)
-    extras_fwd = {"first": span(emb, "forward"), "last": span(head, "forward")}
-    extras_bwd = {"first": span(emb, "backward"), "last": span(head, "backward")} if backward else \
-        {"first": Span(), "last": Span()}
-    layers = spec.n_layers // plan.pp
-    stage_rec = layer_rec * layers
-    if plan.pp == 1:  # one stage holds the embedding and the head
-        stage_fwd = layer_fwd * layers + extras_fwd["first"] + extras_fwd["last"]
-        stage_bwd = (layer_bwd + layer_rec) * layers + extras_bwd["first"] + extras_bwd["last"]
-    else:  # the slower of the first stage (embedding) and the last (logits, loss) sets the pace
-        candidates = []
-        for which in ("first", "last"):
-            fwd = layer_fwd * layers + extras_fwd[which]
-            bwd = (layer_bwd + layer_rec) * layers + extras_bwd[which]
-            candidates.append((fwd.total_s + bwd.total_s, fwd, bwd))
-        _, stage_fwd, stage_bwd = max(candidates, key=lambda c: c[0])
+    emb_fwd, head_fwd = span(emb, "forward"), span(head, "forward")
+    emb_bwd, head_bwd = (span(emb, "backward"), span(head, "backward")) if backward else (Span(), Span())
+
+    # the slowest stage sets the pace of the pipeline (first: embedding, last: logits and loss; uneven stages
+    # give the first and last fewer layers to balance that)
+    stages = pipeline_stages(plan, spec.n_layers, m)
+    timed = []
+    for stage in stages:
+        fwd = layer_fwd * stage.layers + (emb_fwd if stage.embedding else Span()) + (
+            head_fwd if stage.head else Span())
+        bwd = (layer_bwd + layer_rec) * stage.layers + (emb_bwd if stage.embedding else Span()) + (
+            head_bwd if stage.head else Span())
+        timed.append((fwd.total_s + bwd.total_s, fwd, bwd, stage))
+    _, stage_fwd, stage_bwd, pace = max(timed, key=lambda entry: entry[0])
+    stage_rec = layer_rec * pace.layers
 
     # pipeline point-to-point: each micro-batch sends its activations forward and its gradient back,
     # once per virtual chunk; the slowest boundary sets the pace (inter-domain unless the pipeline fits)
@@ -189,39 +202,42 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
 
     # gradient reduction over the dp x cp ranks holding the same weights (context-parallel ranks see different
     # tokens of the same sequences), ZeRO parameter gathers; the stage with the most parameters sets the pace
-    layer_params, first_extra, last_extra = stage_params(spec, g, plan.pp)
-    stage_param_counts = ([layer_params * layers + first_extra + last_extra] if plan.pp == 1 else
-                          [layer_params * layers + first_extra, layer_params * layers + last_extra])
-    params = max(stage_param_counts)
-    critical = stage_param_counts.index(params)
-    holds_embedding, holds_head = (True, True) if plan.pp == 1 else (critical == 0, critical == 1)
-    gb = grad_bytes(precision, plan.fp32_grads)
-    n_dp, dp_g = plan.dp_cp, layout["dp_cp"]
+    layer_params, emb_params, head_params = stage_params(spec, g, plan.pp)
+    params, critical = max(((layer_params * st.layers + emb_params * st.embedding + head_params * st.head, st)
+                            for st in stages), key=lambda entry: entry[0])
+    gb = grad_bytes(act, plan.fp32_grads)
+    n_dp, shard, replicas = plan.dp_cp, plan.shard, plan.replicas
     reduce_s = gather_s = 0.0
     if backward and n_dp > 1:
         buckets = list(bucket_elements) if bucket_elements else bucket_layout(params, bucket_cap_MiB * 2**20 / gb)
-        kind = "all-reduce" if plan.zero == 0 else "reduce-scatter"
-        times = [collective_time(kind, b * gb, n_dp, dp_g, network) for b in buckets]
+        if plan.zero == 0:
+            times = [collective_time("all-reduce", b * gb, n_dp, layout["dp_cp"], network) for b in buckets]
+        else:  # reduce-scatter within the shard group
+            times = [collective_time("reduce-scatter", b * gb, shard, layout["shard"], network) for b in buckets]
         # sharded gradients (ZeRO-2/3) have no full-size buffer to accumulate micro-batches into: they are
         # reduced after every micro-batch's backward, not once per step
         reductions = m if plan.zero >= 2 else 1
         reduce_s = reductions * dp_exposed(times, stage_bwd.total_s, plan.dp_overlap)
-        if plan.zero == 3:  # weights gathered before every forward and backward of every micro-batch
-            weights_s = collective_time("all-gather", params * e, n_dp, dp_g, network)
-            first_bucket = collective_time("all-gather", min(params, buckets[0]) * e, n_dp, dp_g, network)
-            per_pass = [max(weights_s - stage_fwd.total_s, first_bucket), max(weights_s - stage_bwd.total_s,
-                                                                              first_bucket)]
-            gather_s = m * (sum(per_pass) if plan.dp_overlap else 2 * weights_s)
+        if plan.zero >= 1 and replicas > 1:  # HSDP: the reduced shards all-reduced across replicas, once a step
+            shard_times = [collective_time("all-reduce", b / shard * gb, replicas, layout["replica"], network)
+                           for b in buckets]
+            reduce_s += dp_exposed(shard_times, stage_bwd.total_s, plan.dp_overlap)
+        gathered = gathered_bytes(layer_ops(spec, g), critical.layers, params, e, g)
+        weights_s = collective_time("all-gather", gathered, shard, layout["shard"], network)
+        first_bucket = collective_time("all-gather", min(1.0, buckets[0] / params) * gathered, shard,
+                                       layout["shard"], network)
+        if plan.zero == 3:  # weights gathered before every forward (and again for backward unless kept)
+            passes = [stage_fwd.total_s] + ([stage_bwd.total_s] if plan.reshard_after_forward else [])
+            per_pass = [max(weights_s - window, first_bucket) if plan.dp_overlap else weights_s for window in passes]
+            gather_s = m * sum(per_pass)
         elif plan.zero in (1, 2) and mode == "train":  # updated shards gathered after the optimizer step
-            weights_s = collective_time("all-gather", params * e, n_dp, dp_g, network)
-            first_bucket = collective_time("all-gather", min(params, buckets[0]) * e, n_dp, dp_g, network)
             gather_s = max(weights_s - stage_fwd.total_s, first_bucket) if plan.dp_overlap else weights_s
 
     optimizer_s = 0.0
     if mode == "train":
-        local = params / n_dp if plan.zero >= 1 else params
-        tensors = param_tensors(spec, layers, holds_embedding, holds_head)
-        optimizer_s = optimizer_time(local, tensors, precision, gb, acc).total_s
+        local = params / shard if plan.zero >= 1 else params
+        tensors = param_tensors(spec, critical.layers, critical.embedding, critical.head)
+        optimizer_s = optimizer_time(local, tensors, act, gb, acc).total_s
 
     per_micro_batch = stage_fwd.total_s + stage_bwd.total_s + p2p_fwd + p2p_bwd
     bubble_s = bubble(plan.pp, plan.interleave, per_micro_batch)
@@ -242,37 +258,51 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
     tokens = workload.batch * workload.seq
     model_flops = tokens * (spec.flops_per_token(workload.seq) if backward
                             else spec.forward_flops_per_token(workload.seq))
-    recompute_flops = sum(op.forward.model_flops for op in recomputed) * layers * m * plan.gpus if backward else 0.0
+    recompute_flops = (sum(op.forward.model_flops for op in recomputed) * spec.n_layers / plan.pp * m * plan.gpus
+                       if backward else 0.0)
     mem = memory(spec, g, plan, precision, m, acc.capacity_bytes)
     if mode != "train":  # no optimizer exists; a forward-only pass keeps no activations nor gradients
         mem = Memory(mem.weights, mem.grads if backward else 0.0, 0.0,
                      mem.activations if backward else _forward_working_set(layer), mem.capacity)
+    # MFU and HFU are against the 16-bit dense peak, fp8 runs included (the convention of published fp8 MFU)
     return Prediction(model=spec, workload=workload, plan=plan, system=system.name, micro_batches=m, phases=phases,
                       breakdown=breakdown, model_flops=model_flops, hardware_flops=model_flops + recompute_flops,
-                      peak_flops=acc.matrix_peak(precision), memory=mem,
-                      extras={"layout": layout, "params_per_gpu": params})
+                      peak_flops=acc.matrix_peak(act), memory=mem,
+                      extras={"layout": layout, "params_per_gpu": params, "pace_stage": pace.name})
+
+
+def gathered_bytes(layer: Sequence[Op], layers: int, params: float, act_bytes: int, g: Geometry) -> float:
+    """Bytes a ZeRO-3/FSDP all-gather of a stage's weights moves: fp8 GEMM weights in one byte where the
+    recipe casts before gathering (delayed or current per-tensor scaling, as torchao's fp8 all-gather), the
+    rest in the activations' precision."""
+    if not g.fp8 or g.fp8_recipe == "blockwise":
+        return params * act_bytes
+    fp8_params = sum(op.params for op in layer if op.fp8) * layers
+    return fp8_params + (params - fp8_params) * act_bytes
 
 
 def gradient_tensors(spec: ModelSpec, workload: Workload, plan: ParallelPlan) -> list[tuple[str, int, str]]:
     """(name, elements, dtype) of the gradients one GPU's data-parallel reduction carries, in parameter
     registration order, for the pipeline stage holding the most parameters: the input the DDP bucket
     planner (`stepscope.spec.buckets.plan_buckets`) takes. One entry per op (its weight and bias)."""
-    g = Geometry(plan.micro_batch, workload.seq, bytes_per_element(workload.precision), plan.tp, plan.cp,
-                 plan.sequence_parallel, plan.flash_attention, plan.dropout)
-    dtype = "fp32" if plan.fp32_grads or workload.precision == "fp32" else workload.precision
-    layers = spec.n_layers // plan.pp
+    g = geometry(plan, workload)
+    dtype = "fp32" if plan.fp32_grads or workload.precision == "fp32" else activation_precision(workload.precision)
+    first_layers, middle_layers, last_layers = plan.stage_layers(spec.n_layers)
 
     def entries(ops: Sequence[Op], prefix: str) -> list[tuple[str, int, str]]:
         return [(f"{prefix}{op.name}", round(op.params), dtype) for op in ops if op.params > 0]
 
-    blocks = [e for i in range(layers) for e in entries(layer_ops(spec, g), f"blocks.{i}.")]
-    first = entries(embedding_ops(spec, g), "") + blocks
-    last = blocks + entries(head_ops(spec, g), "")
+    def blocks(layers: int) -> list[tuple[str, int, str]]:
+        return [e for i in range(layers) for e in entries(layer_ops(spec, g), f"blocks.{i}.")]
+
+    first = entries(embedding_ops(spec, g), "") + blocks(first_layers)
+    last = blocks(last_layers) + entries(head_ops(spec, g), "")
     if plan.pp == 1:
-        return entries(embedding_ops(spec, g), "") + last
+        return first + entries(head_ops(spec, g), "")
     if spec.tie_embeddings:  # the last stage holds its own copy of a tied vocabulary projection
         last.append(("logits.tied_copy", round(spec.vocab_size * spec.d_model / plan.tp), dtype))
-    return max((first, last), key=lambda stage: sum(n for _, n, _ in stage))
+    stages = [first, last] + ([blocks(middle_layers)] if plan.pp > 2 else [])
+    return max(stages, key=lambda stage: sum(n for _, n, _ in stage))
 
 
 def _forward_working_set(layer: Sequence[Op]) -> float:

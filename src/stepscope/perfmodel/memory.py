@@ -7,15 +7,20 @@ Bytes per parameter (N = dp x cp ranks holding the same weights; Rajbhandari et 
   with fp32 gradients (Megatron's main_grad) 18, and the distributed optimizer (= ZeRO-1 here) 6 + 12/N.
 Activations per layer and micro-batch are the sum of what the ops keep (`ops.py`), which reproduces
 Korthikanti et al. 2022; full recomputation keeps only the layer input (plus one layer's activations
-while it is recomputed). The first 1F1B stage holds min(p, m) micro-batches, x (1 + (p−1)/(p·v)) when
-interleaved; the last stage holds one, plus the logits and fp32 loss tensors.
+while it is recomputed). Stage i of 1F1B holds min(p − i, m) micro-batches, x (1 + (p−1)/(p·v)) when
+interleaved: the first p, the fullest middle stage p − 1 (which is the peak when the first holds fewer
+layers), the last one, plus the logits and fp32 loss tensors. ZeRO/FSDP shards over `plan.shard` ranks
+(HSDP replicas hold copies); FSDP without resharding after forward keeps the stage's gathered weights.
+fp8 training keeps bf16 weights and gradients and the fp32 optimizer state (mixed precision) and saves the
+linear layers' inputs in fp8 (`ops.Geometry.gemm_input_bytes`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepscope.perfmodel.ops import Geometry, Op, embedding_ops, head_ops, layer_ops
+from stepscope.perfmodel.ops import Geometry, Op, activation_precision, embedding_ops, head_ops, layer_ops
+from stepscope.perfmodel.stages import pipeline_stages
 from stepscope.spec import ModelSpec, bytes_per_element
 from stepscope.spec.plan import ParallelPlan
 
@@ -103,24 +108,29 @@ def stage_params(spec: ModelSpec, g: Geometry, pp: int) -> tuple[float, float, f
 
 def memory(spec: ModelSpec, g: Geometry, plan: ParallelPlan, precision: str, micro_batches: int,
            capacity_bytes: float) -> Memory:
-    """Peak memory per GPU of `plan` (the larger of the first and the last pipeline stage)."""
-    layers = spec.n_layers // plan.pp
-    layer_params, first_extra, last_extra = stage_params(spec, g, plan.pp)
-    per_param = state_bytes(precision, plan.zero, plan.dp_cp, plan.fp32_grads)
+    """Peak memory per GPU of `plan` on its fullest pipeline stage (first, middle or last)."""
+    act_precision = activation_precision(precision)
+    layer_params, emb_params, head_params = stage_params(spec, g, plan.pp)
+    keeps_weights = plan.zero == 3 and not plan.reshard_after_forward  # gathered weights kept until backward
+    per_param = state_bytes(act_precision, 2 if keeps_weights else plan.zero, plan.shard, plan.fp32_grads)
+    if keeps_weights:  # the optimizer state stays sharded as in ZeRO-3
+        per_param = StateBytes(per_param.weights, per_param.grads,
+                               state_bytes(act_precision, 3, plan.shard, plan.fp32_grads).optimizer)
     ops = layer_ops(spec, g)
     per_layer = layer_activation_bytes(ops, plan.recompute, g, spec.d_model)
     working = sum(op.saved_bytes for op in ops) if plan.recompute == "full" else 0.0
-    if plan.zero >= 3:  # a gathered copy of the layer being computed and the one being prefetched
-        working += 2 * layer_params * bytes_per_element(precision)
+    if plan.zero >= 3 and not keeps_weights:  # a gathered copy of the layer being computed and the prefetched one
+        working += 2 * layer_params * bytes_per_element(act_precision)
     vocab = spec.vocab_size / g.tp
     e = g.act_bytes
     head_act = g.tokens * vocab * (e + 4 + (4 if e < 4 else 0))  # logits, fp32 log-probs, fp32 copy
-    held = in_flight_micro_batches(plan.pp, micro_batches, plan.interleave)
-    if plan.pp == 1:
-        stages = [(layer_params * layers + first_extra + last_extra, per_layer * layers * held + working + head_act)]
-    else:
-        stages = [(layer_params * layers + first_extra, per_layer * layers * held + working),
-                  (layer_params * layers + last_extra, per_layer * layers + working + head_act)]
-    params, activations = max(stages, key=lambda s: s[0] * per_param.total + s[1])
+    interleaved = 1 + (plan.pp - 1) / (plan.pp * plan.interleave) if plan.interleave > 1 else 1.0
+    candidates = []
+    for stage in pipeline_stages(plan, spec.n_layers, micro_batches):
+        params = layer_params * stage.layers + emb_params * stage.embedding + head_params * stage.head
+        held = stage.in_flight * (interleaved if stage.name != "last" else 1.0)
+        activations = per_layer * stage.layers * held + working + (head_act if stage.head else 0.0)
+        candidates.append((params * per_param.total + activations, params, activations))
+    _, params, activations = max(candidates, key=lambda c: c[0])
     return Memory(weights=params * per_param.weights, grads=params * per_param.grads,
                   optimizer=params * per_param.optimizer, activations=activations, capacity=capacity_bytes)

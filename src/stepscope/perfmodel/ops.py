@@ -15,6 +15,9 @@ Conventions (the reference the vectorized evaluator is tested against):
 - Tensor parallelism (Megatron 1-D): QKV/up are column-parallel, out/down row-parallel, the embedding and
   the logits vocabulary-parallel. Without sequence parallelism each block does one all-reduce of the
   (tokens x d_model) activations forward and one backward; with it, an all-gather and a reduce-scatter.
+- fp8 (`Geometry.fp8_recipe`): the four linear layers of a block run as fp8 GEMMs (E4M3 forward, E5M2
+  gradients: the same rate) and save their inputs in fp8; attention, norms, softmax, the embedding and the
+  logits stay 16-bit (Transformer Engine's and torchao's defaults); one cast op per block (`fp8_casts`).
 - Kernel counts follow an eager implementation like `stepscope.nn.TransformerLM` (rotary: 7 kernels per
   tensor; SwiGLU: silu and mul).
 """
@@ -89,11 +92,18 @@ class Op:
     """Parameters of this op held by one GPU."""
     selective: bool = False
     """Re-executed during backward under selective recomputation."""
+    fp8: bool = False
+    """A GEMM that runs in fp8 when the workload's precision is fp8 (the linear layers of a block)."""
     notes: tuple[str, ...] = field(default=())
 
     @property
     def kept_selective(self) -> float:
         return self.saved_bytes if self.saved_selective_bytes is None else self.saved_selective_bytes
+
+
+def activation_precision(precision: str) -> str:
+    """What activations, attention and elementwise ops run in: fp8 training keeps them in bf16."""
+    return "bf16" if precision == "fp8" else precision
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,17 @@ class Geometry:
     sequence_parallel: bool = False
     flash_attention: bool = True
     dropout: bool = False
+    fp8_recipe: str | None = None
+    """None: no fp8; else the scaling recipe of the fp8 linear layers (`spec.plan.FP8_RECIPES`)."""
+
+    @property
+    def fp8(self) -> bool:
+        return self.fp8_recipe is not None
+
+    @property
+    def gemm_input_bytes(self) -> int:
+        """Bytes per element of what a linear layer saves for its weight gradient: its fp8 input under fp8."""
+        return 1 if self.fp8 else self.act_bytes
 
     @property
     def tokens(self) -> float:
@@ -124,11 +145,33 @@ class Geometry:
 
 
 def _matrix(name: str, block: str, m: float, k: float, n: float, e: int, *, params: float, saved: float,
-            fwd_comms: tuple[Collective, ...] = (), bwd_comms: tuple[Collective, ...] = ()) -> Op:
+            fwd_comms: tuple[Collective, ...] = (), bwd_comms: tuple[Collective, ...] = (), fp8: bool = False) -> Op:
+    """A GEMM; an fp8 one reads 1-byte inputs and weights (its output stays 16-bit)."""
     flops = 2.0 * m * k * n
-    moved = (m * k + k * n + m * n) * e
+    moved = ((m * k + k * n) * (1 if fp8 else e) + m * n * e)
     return Op(name, block, "matrix", Cost(flops, flops, moved, 1, fwd_comms),
-              Cost(2 * flops, 2 * flops, 2 * moved, 2, bwd_comms), saved_bytes=saved, params=params)
+              Cost(2 * flops, 2 * flops, 2 * moved, 2, bwd_comms), saved_bytes=saved, params=params, fp8=fp8)
+
+
+# fp8 casts (Transformer Engine's cast-transpose): every fp8 GEMM input is read in 16 bits and written in fp8
+# twice (as is and transposed, for the weight- or input-gradient GEMM), with its scale from an amax: the
+# recipe decides whether that amax costs another read of the tensor (current scaling) or comes from history
+# (delayed) or per 1x128 / 128x128 block inside the cast kernel (blockwise). Two kernels per cast (cast and
+# amax/scale bookkeeping); weights are cast every micro-batch (no caching across micro-batches).
+FP8_CAST_BYTES = {"delayed": 2 + 1 + 1, "current": 2 + 2 + 1 + 1, "blockwise": 2 + 1 + 1}
+FP8_CAST_FLOPS = 2.0  # amax and scale per element
+FP8_CAST_KERNELS = 2
+
+
+def fp8_casts(name: str, block: str, g: Geometry, forward_elements: float, forward_tensors: int,
+              backward_elements: float, backward_tensors: int) -> Op:
+    """The casts of one block's fp8 GEMMs: inputs and weights forward, output gradients backward."""
+    per_element = FP8_CAST_BYTES[g.fp8_recipe or "delayed"]
+    return Op(name, block, "vector",
+              Cost(FP8_CAST_FLOPS * forward_elements, 0.0, per_element * forward_elements,
+                   FP8_CAST_KERNELS * forward_tensors),
+              Cost(FP8_CAST_FLOPS * backward_elements, 0.0, per_element * backward_elements,
+                   FP8_CAST_KERNELS * backward_tensors))
 
 
 def _vector(name: str, block: str, kind: str, elements: float, moved: float, *, per_element: float | None = None,
@@ -166,7 +209,7 @@ def attention_block(spec: ModelSpec, g: Geometry) -> list[Op]:
     qkv_bias = (h + 2 * kv) / t if spec.attn_bias else 0.0
     # the entry collective belongs to the QKV GEMM: it is what an overlapping implementation hides it behind
     ops.append(_matrix("qkv", "attention", tokens, h, qkv_width, e, params=h * qkv_width + qkv_bias,
-                       saved=sharded * h * e, fwd_comms=entry_fwd, bwd_comms=entry_bwd))
+                       saved=sharded * h * g.gemm_input_bytes, fwd_comms=entry_fwd, bwd_comms=entry_bwd, fp8=g.fp8))
     if spec.positions == "rope":
         rotated = tokens * (h + kv) / t
         ops.append(_vector("rope", "attention", "rope", rotated, 2 * rotated * e,
@@ -174,7 +217,10 @@ def attention_block(spec: ModelSpec, g: Geometry) -> list[Op]:
     ops.extend(attention_ops(spec, g))
     out_bias = h if spec.attn_bias else 0.0  # row-parallel bias: replicated, added after the reduction
     ops.append(_matrix("attn_out", "attention", tokens, h / t, h, e, params=h * h / t + out_bias,
-                       saved=tokens * h / t * e, fwd_comms=exit_fwd, bwd_comms=exit_bwd))
+                       saved=tokens * h / t * g.gemm_input_bytes, fwd_comms=exit_fwd, bwd_comms=exit_bwd, fp8=g.fp8))
+    if g.fp8:
+        ops.append(fp8_casts("attn_fp8_casts", "attention", g, tokens * h + h * qkv_width + tokens * h / t + h * h / t,
+                             4, tokens * qkv_width + tokens * h, 2))
     ops.append(_vector("attn_residual", "attention", "residual", sharded * h, sharded * h * (3 * e + mask),
                        per_element=VECTOR_FLOPS["residual"] + (VECTOR_FLOPS["dropout"] if g.dropout else 0.0),
                        saved=sharded * h * mask))
@@ -227,8 +273,8 @@ def mlp_block(spec: ModelSpec, g: Geometry) -> list[Op]:
     ops = [_vector("mlp_norm", "mlp", "norm", sharded * h, 2 * sharded * h * e,
                    saved=sharded * h * e, params=spec.norm_params())]
     ops.append(_matrix("mlp_up", "mlp", tokens, h, up_width, e,
-                       params=h * up_width + (up_width if spec.mlp_bias else 0.0), saved=sharded * h * e,
-                       fwd_comms=entry_fwd, bwd_comms=entry_bwd))
+                       params=h * up_width + (up_width if spec.mlp_bias else 0.0),
+                       saved=sharded * h * g.gemm_input_bytes, fwd_comms=entry_fwd, bwd_comms=entry_bwd, fp8=g.fp8))
     hidden = tokens * f / t
     if gated:  # silu(gate) * up: reads both halves, writes one; keeps both for backward
         ops.append(_vector("swiglu", "mlp", "swiglu", hidden, 3 * hidden * e, saved=2 * hidden * e,
@@ -236,8 +282,11 @@ def mlp_block(spec: ModelSpec, g: Geometry) -> list[Op]:
     else:
         ops.append(_vector("gelu", "mlp", "gelu", hidden, 2 * hidden * e, saved=hidden * e))
     ops.append(_matrix("mlp_down", "mlp", tokens, f / t, h, e,
-                       params=f / t * h + (h if spec.mlp_bias else 0.0), saved=hidden * e,
-                       fwd_comms=exit_fwd, bwd_comms=exit_bwd))
+                       params=f / t * h + (h if spec.mlp_bias else 0.0), saved=hidden * g.gemm_input_bytes,
+                       fwd_comms=exit_fwd, bwd_comms=exit_bwd, fp8=g.fp8))
+    if g.fp8:
+        ops.append(fp8_casts("mlp_fp8_casts", "mlp", g, tokens * h + h * up_width + hidden + f / t * h, 4,
+                             tokens * up_width + tokens * h, 2))
     ops.append(_vector("mlp_residual", "mlp", "residual", sharded * h, sharded * h * (3 * e + mask),
                        per_element=VECTOR_FLOPS["residual"] + (VECTOR_FLOPS["dropout"] if g.dropout else 0.0),
                        saved=sharded * h * mask))

@@ -61,6 +61,15 @@ class SearchSpace:
     """Sequence parallelism off/on (on only where tp > 1)."""
     flash_attention: tuple[bool, ...] = (True,)
     """Fused attention kernel or not."""
+    uneven_stages: bool = True
+    """Also try pipelines whose first and last stage hold one layer fewer than the others (Llama 3's
+    balancing of the embedding and the loss), wherever that splits the layers."""
+    shard_group: tuple[int, ...] = (0, 8)
+    """ZeRO/FSDP shard group sizes (0: all dp x cp ranks; 8: one node, HSDP across nodes)."""
+    reshard_after_forward: bool = True
+    """ZeRO-3/FSDP gathers the weights again for backward."""
+    fp8_recipe: str = "delayed"
+    """Scaling of fp8 GEMMs when the workload's precision is fp8."""
     placements: bool = True
     """Search every distinct nesting of the groups on rank numbers (else tp, cp, dp, pp only)."""
     dropout: bool = False
@@ -125,7 +134,7 @@ class _Rows:
         return ParallelPlan(sequence_parallel=bool(self.sequence_parallel[i]), **fields)
 
 
-def _shape_rows(gpus: int, space: SearchSpace, workload: Workload) -> _Rows:
+def _shape_rows(gpus: int, space: SearchSpace, workload: Workload, n_layers: int) -> _Rows:
     tps = space.tp or tuple(divisors(gpus))
     pps = space.pp or tuple(divisors(gpus))
     cps = space.cp or tuple(divisors(gpus))
@@ -134,10 +143,20 @@ def _shape_rows(gpus: int, space: SearchSpace, workload: Workload) -> _Rows:
               if gpus % (tp * pp * cp) == 0]
     if not shapes:
         raise UsageError(f"no (tp, pp, cp) in the search space divides {gpus} GPUs")
-    grid = np.array([(tp, pp, cp, dp, mb, v, sp) for (tp, pp, cp, dp), mb, v, sp
-                     in itertools.product(shapes, mbs, space.interleave, space.sequence_parallel)], dtype=np.int64)
+    def stage_options(pp: int) -> list[tuple[int, int]]:
+        """Even stages, and (where it splits the layers) first and last one layer fewer than the middle."""
+        options = [(0, 0)]
+        if space.uneven_stages and pp > 2 and (n_layers + 2) % pp == 0 and (n_layers + 2) // pp >= 2:
+            options.append(((n_layers + 2) // pp - 1,) * 2)
+        return options
+
+    grid = np.array([(tp, pp, cp, dp, mb, v, sp, first, last, shard)
+                     for (tp, pp, cp, dp), mb, v, sp, shard
+                     in itertools.product(shapes, mbs, space.interleave, space.sequence_parallel, space.shard_group)
+                     for first, last in stage_options(pp)], dtype=np.int64)
     return _Rows(tp=grid[:, 0], pp=grid[:, 1], cp=grid[:, 2], dp=grid[:, 3], micro_batch=grid[:, 4],
-                 interleave=grid[:, 5], sequence_parallel=grid[:, 6].astype(bool))
+                 interleave=grid[:, 5], sequence_parallel=grid[:, 6].astype(bool), first_stage_layers=grid[:, 7],
+                 last_stage_layers=grid[:, 8], shard_group=grid[:, 9])
 
 
 def _placement_table(rows: _Rows, space: SearchSpace) -> tuple[np.ndarray, dict[int, list[int]]]:
@@ -158,7 +177,7 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
     ones by tokens/s. `progress(done, total)` is called after every chunk."""
     workload.check_fits(spec.context_length)
     start = time.perf_counter()
-    rows = _shape_rows(gpus, space, workload)
+    rows = _shape_rows(gpus, space, workload, spec.n_layers)
     facts = Facts.of(spec, workload.batch, workload.seq)
     key, placements = _placement_table(rows, space)
     multiplicity = np.array([len(placements[int(k)]) for k in key]) * (
@@ -208,7 +227,9 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
                            flash_attention=np.repeat(group_flash[lo:hi], k),
                            placement=np.repeat(group_placements[lo:hi], k), dropout=space.dropout,
                            fp32_grads=space.fp32_grads, dp_overlap=space.dp_overlap, tp_overlap=space.tp_overlap,
-                           layout={d: np.repeat(g[lo:hi], k) for d, g in layout.items()})
+                           first_stage_layers=rows.first_stage_layers[r], last_stage_layers=rows.last_stage_layers[r],
+                           shard_group=rows.shard_group[r], reshard_after_forward=space.reshard_after_forward,
+                           fp8_recipe=space.fp8_recipe, layout={d: np.repeat(g[lo:hi], k) for d, g in layout.items()})
         out = evaluate_many(spec, workload, system, cands, group_size=k)
         ok = out["feasible"]
         i = int(np.argmin(out["mem_GiB"]))

@@ -15,8 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.perfmodel.candidates import Candidates
+from stepscope.perfmodel.machine import Machine
+from stepscope.perfmodel.ops import activation_precision
 from stepscope.perfmodel.timing import DEFAULT_BUCKET_MIB
-from stepscope.perfmodel.vectorized_terms import Machine, group_terms
+from stepscope.perfmodel.vectorized_terms import group_terms
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
 from stepscope.spec.system import SystemSpec
 
@@ -42,9 +44,10 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
               zero: np.ndarray, rec: np.ndarray) -> dict[str, np.ndarray]:
     mode, seq = workload.mode, workload.seq
     backward = mode != "fwd"
-    mc = Machine.of(system, workload.precision)
-    e = bytes_per_element(workload.precision)
-    m, layers, single = T["m"], T["layers"], T["single"]
+    act = activation_precision(workload.precision)
+    mc = Machine.of(system, act)  # MFU against the 16-bit peak, fp8 runs included
+    e = bytes_per_element(act)
+    m, single = T["m"], T["single"]
 
     # ---- recomputation re-runs the layer forward (full) or the unfused attention core (selective) -----
     if backward:
@@ -58,21 +61,29 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     lf = (T["fwd"], T["tp_fwd"], T["cp_fwd"])
     lb = (T["bwd"] + rec_compute, T["tp_bwd"] + rec_tp, T["cp_bwd"] + rec_cp)
 
-    def stage(extra_f, extra_b):
+    def stage(extra_f, extra_b, layers):
         return ((lf[0] * layers + extra_f[0], lf[1] * layers + extra_f[1], lf[2] * layers),
                 (lb[0] * layers + extra_b[0], lb[1] * layers + extra_b[1], lb[2] * layers))
 
     first_f, last_f = (T["first_fwd"], T["first_fwd_tp"]), (T["last_fwd"], T["last_fwd_tp"])
     first_b, last_b = (T["first_bwd"], 0.0), (T["last_bwd"], T["last_bwd_tp"])
-    one_f, one_b = stage((first_f[0] + last_f[0], first_f[1] + last_f[1]),
-                         (first_b[0] + last_b[0], first_b[1] + last_b[1]))
-    a_f, a_b = stage(first_f, first_b)
-    z_f, z_b = stage(last_f, last_b)
-    use_last = (sum(z_f) + sum(z_b)) > (sum(a_f) + sum(a_b))  # the slower stage sets the pace
-    sf = [np.where(single, one_f[i], np.where(use_last, z_f[i], a_f[i])) for i in range(3)]
-    sb = [np.where(single, one_b[i], np.where(use_last, z_b[i], a_b[i])) for i in range(3)]
+    one = stage((first_f[0] + last_f[0], first_f[1] + last_f[1]), (first_b[0] + last_b[0], first_b[1] + last_b[1]),
+                T["layers_total"])
+    # pipeline stages (evaluate's `pipeline_stages`): first (embedding), middle (pp > 2), last (head); the
+    # slowest sets the pace (a middle stage where pp <= 2 does not exist: it never wins)
+    staged = [stage(first_f, first_b, T["first_layers"]), stage((0.0, 0.0), (0.0, 0.0), T["mid_layers"]),
+              stage(last_f, last_b, T["last_layers"])]
+    totals = [sum(f) + sum(b) for f, b in staged]
+    totals[1] = np.where(T["has_middle"], totals[1], -np.inf)
+    pace = np.where(single, 0, np.argmax(np.stack(np.broadcast_arrays(*totals)), axis=0))
+    sf = [np.where(single, one[0][i], np.choose(pace, [np.broadcast_to(s[0][i], pace.shape) for s in staged]))
+          for i in range(3)]
+    sb = [np.where(single, one[1][i], np.choose(pace, [np.broadcast_to(s[1][i], pace.shape) for s in staged]))
+          for i in range(3)]
     stage_fwd, stage_bwd = sf[0] + sf[1] + sf[2], sb[0] + sb[1] + sb[2]
-    stage_rec = rec_compute * layers
+    pace_layers = np.where(single, T["layers_total"], np.choose(pace, np.broadcast_arrays(
+        T["first_layers"], T["mid_layers"], T["last_layers"], pace)[:3]))
+    stage_rec = rec_compute * pace_layers
     p2p_fwd, p2p_bwd = T["p2p_fwd"], T["p2p_bwd"]
 
     # ---- data parallelism: reduction (overlapped except the last bucket), ZeRO parameter gathers ------
@@ -82,12 +93,18 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     total_t = T["n_full"] * full_t + last_t
     reduce_s = np.maximum(total_t - stage_bwd, last_t) if c.dp_overlap else total_t
     reduce_s = np.where(zero >= 2, m, 1.0) * reduce_s  # sharded gradients: reduced after every micro-batch
+    # HSDP: the reduced gradient shards all-reduced across the replicas, once a step
+    hsdp_t = T["n_full"] * T["hsdp_full"] + T["hsdp_last"]
+    hsdp_s = np.maximum(hsdp_t - stage_bwd, T["hsdp_last"]) if c.dp_overlap else hsdp_t
+    reduce_s = reduce_s + np.where((zero >= 1) & (T["replicas"] > 1), hsdp_s, 0.0)
     weights_s, first_bucket = T["weights_s"], T["first_bucket"]
+    gathers = 2 if c.reshard_after_forward else 1  # ZeRO-3 gathers for forward and (unless kept) backward
     if c.dp_overlap:
-        z3 = m * (np.maximum(weights_s - stage_fwd, first_bucket) + np.maximum(weights_s - stage_bwd, first_bucket))
+        z3 = m * (np.maximum(weights_s - stage_fwd, first_bucket)
+                  + (np.maximum(weights_s - stage_bwd, first_bucket) if gathers == 2 else 0.0))
         z12 = np.maximum(weights_s - stage_fwd, first_bucket)
     else:
-        z3, z12 = m * 2 * weights_s, weights_s
+        z3, z12 = m * gathers * weights_s, weights_s
     has_dp = (T["dp_cp"] > 1) & backward
     reduce_s = np.where(has_dp, reduce_s, 0.0)
     gather_s = np.where(has_dp & (zero == 3), z3, np.where(has_dp & (zero >= 1) & (mode == "train"), z12, 0.0))
@@ -109,7 +126,7 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     out["tokens_per_s"] = workload.batch * seq / step
     model_flops = workload.batch * seq * (spec.flops_per_token(seq) if backward else spec.forward_flops_per_token(seq))
     recomputed = np.where(rec == 2, T["flops_full"], np.where(rec == 1, T["flops_selective"], 0.0))
-    hardware_flops = model_flops + (recomputed * layers * m * T["gpus"] if backward else 0.0)
+    hardware_flops = model_flops + (recomputed * T["layers_total"] / T["pp"] * m * T["gpus"] if backward else 0.0)
     out["mfu_pct"] = 100 * model_flops / (step * T["gpus"] * mc.peak)
     out["hfu_pct"] = 100 * hardware_flops / (step * T["gpus"] * mc.peak)
     out.update(_memory(workload, system, c, T, zero, rec, e))
@@ -118,23 +135,31 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
 
 def _memory(workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, np.ndarray], zero: np.ndarray,
             rec: np.ndarray, e: int) -> dict[str, np.ndarray]:
-    """memory.py over arrays: state bytes by ZeRO stage, activations by recompute mode, fullest stage."""
-    n_dp, layers, single = T["dp_cp"], T["layers"], T["single"]  # ZeRO shards over dp x cp
+    """memory.py over arrays: state bytes by ZeRO stage and shard group, activations by recompute mode and
+    micro-batches in flight, the fullest of the first, middle and last stage."""
+    n_shard, single = T["shard"], T["single"]
     gb = 4 if c.fp32_grads else e
     optimizer_bytes = 8.0 + (4.0 if workload.precision != "fp32" else 0.0)  # m, v (+ fp32 master weights)
-    w = np.where(zero >= 3, e / n_dp, float(e))
-    g = np.where(zero >= 2, gb / n_dp, float(gb))
-    o = np.where(zero >= 1, optimizer_bytes / n_dp, optimizer_bytes)
+    keeps = (zero == 3) & (not c.reshard_after_forward)  # FSDP without resharding holds the gathered weights
+    w = np.where((zero >= 3) & ~keeps, e / n_shard, float(e))
+    g = np.where(zero >= 2, gb / n_shard, float(gb))
+    o = np.where(zero >= 1, optimizer_bytes / n_shard, optimizer_bytes)
     per_layer = np.where(rec == 2, T["act_full"], np.where(rec == 1, T["act_selective"], T["act_none"]))
-    working = np.where(rec == 2, T["act_none"], 0.0) + np.where(zero >= 3, 2 * T["layer_params"] * e, 0.0)
-    held, head_act = T["held"], T["head_act"]
+    working = np.where(rec == 2, T["act_none"], 0.0) + np.where((zero >= 3) & ~keeps, 2 * T["layer_params"] * e, 0.0)
+    head_act = T["head_act"]
     per_param = w + g + o
-    one = (T["one_params"], per_layer * layers * held + working + head_act)
-    first = (T["first_params"], per_layer * layers * held + working)
-    last = (T["last_params"], per_layer * layers + working + head_act)
-    use_last = last[0] * per_param + last[1] > first[0] * per_param + first[1]
-    params = np.where(single, one[0], np.where(use_last, last[0], first[0]))
-    activations = np.where(single, one[1], np.where(use_last, last[1], first[1]))
+    one = (T["one_params"], per_layer * T["layers_total"] * np.minimum(1.0, T["m"]) + working + head_act)
+    stages = [(T["first_params"], per_layer * T["first_layers"] * T["held_first"] + working),
+              (T["mid_params"], per_layer * T["mid_layers"] * T["held_mid"] + working),
+              (T["last_params"], per_layer * T["last_layers"] + working + head_act)]
+    totals = [p * per_param + a for p, a in stages]
+    totals[1] = np.where(T["has_middle"], totals[1], -np.inf)
+    fullest = np.argmax(np.stack(np.broadcast_arrays(*totals)), axis=0)
+
+    def pick(i: int) -> np.ndarray:
+        return np.where(single, one[i], np.choose(fullest, [np.broadcast_to(s[i], fullest.shape) for s in stages]))
+
+    params, activations = pick(0), pick(1)
     weights, grads, optimizer = params * w, params * g, params * o
     if workload.mode != "train":
         optimizer = np.zeros(optimizer.shape)

@@ -10,78 +10,24 @@ test_vectorized.py` checks the result against the op-by-op reference.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import numpy as np
 
 from stepscope.perfmodel.candidates import Candidates
 from stepscope.perfmodel.evaluate import param_tensors
-from stepscope.perfmodel.ops import ROPE_KERNELS_PER_TENSOR, VECTOR_BACKWARD, VECTOR_FLOPS
+from stepscope.perfmodel.machine import Machine
+from stepscope.perfmodel.ops import (
+    FP8_CAST_BYTES,
+    FP8_CAST_FLOPS,
+    FP8_CAST_KERNELS,
+    ROPE_KERNELS_PER_TENSOR,
+    VECTOR_BACKWARD,
+    VECTOR_FLOPS,
+    activation_precision,
+)
 from stepscope.perfmodel.timing import OPTIMIZER_FLOPS_PER_PARAM, optimizer_bytes_per_param
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
+from stepscope.spec.plan import stage_layers
 from stepscope.spec.system import SystemSpec
-
-
-@dataclass
-class Machine:
-    """The system's rates, unpacked once for array arithmetic."""
-
-    peak: float
-    vector_peak: float
-    optimizer_peak: float
-    bandwidth: float
-    overhead: float
-    flash_efficiency: float
-    knots_x: np.ndarray
-    knots_inverse: np.ndarray
-    domain: int
-    intra_bw: float
-    intra_lat: float
-    inter_bw: float
-    inter_lat: float
-
-    @classmethod
-    def of(cls, system: SystemSpec, precision: str) -> Machine:
-        acc, net = system.accelerator, system.network
-        knots = acc.matrix_efficiency_by_GFLOP
-        optimizer_peak = acc.vector_peak("fp32") if "fp32" in acc.vector_TFLOPps else acc.vector_peak(precision)
-        return cls(acc.matrix_peak(precision), acc.vector_peak(precision), optimizer_peak, acc.memory_bytes_per_s,
-                   acc.kernel_overhead_us * 1e-6, acc.flash_efficiency,
-                   np.array([math.log10(k[0]) for k in knots]), np.array([1.0 / k[1] for k in knots]),
-                   net.domain_size, net.intra.bytes_per_s, net.intra.latency_s, net.inter.bytes_per_s,
-                   net.inter.latency_s)
-
-    # ---- op times: (compute, total) -------------------------------------------------------------
-    def matrix(self, flops, moved, kernels, factor=1.0):
-        per_kernel = np.maximum(flops / kernels, 1.0)
-        inverse = np.interp(np.log10(per_kernel / 1e9), self.knots_x, self.knots_inverse)
-        compute = flops * inverse / (self.peak * factor)
-        return compute, np.maximum(compute, moved / self.bandwidth) + kernels * self.overhead
-
-    def vector(self, flops, moved, kernels):
-        compute = flops / self.vector_peak
-        return compute, np.maximum(compute, moved / self.bandwidth) + kernels * self.overhead
-
-    # ---- collectives (collectives.py, element-wise) ----------------------------------------------
-    def all_reduce(self, nbytes, n, g):
-        domains = np.ceil(n / g)
-        ring = (2 * (g - 1) / g * nbytes / self.intra_bw + 2 * (g - 1) * self.intra_lat
-                + 2 * (domains - 1) / domains * (nbytes / g) / self.inter_bw + 2 * (domains - 1) * self.inter_lat)
-        intra = g >= n
-        steps = 2 * np.ceil(np.log2(np.maximum(n, 1)))
-        tree = np.where(intra, steps * self.intra_lat + 2 * nbytes / self.intra_bw,
-                        steps * self.inter_lat + 2 * nbytes / self.inter_bw)
-        return np.where(n > 1, np.minimum(ring, tree), 0.0)
-
-    def reduce_scatter(self, nbytes, n, g):
-        domains = np.ceil(n / g)
-        t = ((g - 1) / g * nbytes / self.intra_bw + (g - 1) * self.intra_lat
-             + (domains - 1) / domains * (nbytes / g) / self.inter_bw + (domains - 1) * self.inter_lat)
-        return np.where(n > 1, t, 0.0)
-
-    def p2p(self, nbytes, same_domain):
-        return np.where(same_domain, self.intra_lat + nbytes / self.intra_bw, self.inter_lat + nbytes / self.inter_bw)
 
 
 def _exposed(comm, compute, overlap: bool):
@@ -91,10 +37,14 @@ def _exposed(comm, compute, overlap: bool):
 def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candidates,
                 bucket_cap_MiB: float) -> dict[str, np.ndarray]:
     """Per-plan terms that ignore `c.zero` and `c.recompute` (arrays, one element per plan of `c`)."""
-    mc = Machine.of(system, workload.precision)
     precision, mode = workload.precision, workload.mode
+    act_precision = activation_precision(precision)  # fp8 training keeps activations and vector ops in bf16
+    mc = Machine.of(system, act_precision)
     backward = mode != "fwd"
-    e = bytes_per_element(precision)
+    e = bytes_per_element(act_precision)
+    fp8 = precision == "fp8"
+    f8 = system.accelerator.matrix_peak("fp8") / mc.peak if fp8 else 1.0  # rate of the fp8 GEMMs vs 16-bit
+    ge = 1 if fp8 else e  # bytes of a linear layer's inputs and weights (read, and saved for backward)
     h, kv, f, vocab, seq = spec.d_model, spec.kv_dim, spec.d_ff, spec.vocab_size, workload.seq
     heads, gated = spec.n_heads, spec.mlp == "swiglu"
     b, t, cp, pp, dp, v = (c.micro_batch.astype(float), c.tp.astype(float), c.cp.astype(float),
@@ -106,10 +56,14 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     g_tp, g_cp = layout["tp"], layout["cp"]
     # gradients are reduced (and ZeRO shards) over the dp x cp ranks holding the same weights
     n_dp, g_dp = dp * cp, layout["dp"] * layout["cp"]
+    # ZeRO/FSDP shards over the innermost `shard` of them; HSDP replicas are one rank of every shard group
+    n_shard = np.where(c.shard_group > 0, c.shard_group, n_dp).astype(float)
+    replicas = n_dp / n_shard
+    g_shard, g_rep = np.minimum(n_shard, g_dp), np.maximum(1.0, np.floor(g_dp / n_shard))
     tokens = b * seq / cp
     sharded = np.where(sp, tokens / t, tokens)
     m = workload.batch // (c.dp * c.micro_batch)
-    layers = spec.n_layers // c.pp
+    first_l, mid_l, last_l = stage_layers(c.pp, c.first_stage_layers, c.last_stage_layers, spec.n_layers)
     zeros = np.zeros(len(c))
 
     def back(compute_fwd, moved_fwd, kind: str, kernels: int):
@@ -125,9 +79,9 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     # ---- attention block (backward of a matrix op = 2 x its forward: two GEMMs of the same size) -----
     norm_c, norm_t = mc.vector(VECTOR_FLOPS["norm"] * sharded * h, 2 * sharded * h * e, 1)
     norm_bt = back(norm_c, 2 * sharded * h * e, "norm", 1)
-    qkv_c, qkv_t = mc.matrix(2 * tokens * h * (h + 2 * kv) / t, (tokens * h + h * (h + 2 * kv) / t
-                                                                   + tokens * (h + 2 * kv) / t) * e, 1)
-    out_c, out_t = mc.matrix(2 * tokens * h / t * h, (tokens * h / t + h / t * h + tokens * h) * e, 1)
+    qkv_c, qkv_t = mc.matrix(2 * tokens * h * (h + 2 * kv) / t, (tokens * h + h * (h + 2 * kv) / t) * ge
+                             + tokens * (h + 2 * kv) / t * e, 1, f8)
+    out_c, out_t = mc.matrix(2 * tokens * h / t * h, (tokens * h / t + h / t * h) * ge + tokens * h * e, 1, f8)
     residual_bytes = sharded * h * (3 * e + mask)
     res_c, res_t = mc.vector((VECTOR_FLOPS["residual"] + (VECTOR_FLOPS["dropout"] if mask else 0.0)) * sharded * h,
                              residual_bytes, 1)
@@ -176,7 +130,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
 
     # ---- MLP block ----------------------------------------------------------------------------------
     up_w = (2 if gated else 1) * f / t
-    up_c, up_t = mc.matrix(2 * tokens * h * up_w, (tokens * h + h * up_w + tokens * up_w) * e, 1)
+    up_c, up_t = mc.matrix(2 * tokens * h * up_w, (tokens * h + h * up_w) * ge + tokens * up_w * e, 1, f8)
     hidden = tokens * f / t
     if gated:
         ac_c, ac_t = mc.vector(VECTOR_FLOPS["swiglu"] * hidden, 3 * hidden * e, 2)
@@ -184,9 +138,18 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     else:
         ac_c, ac_t = mc.vector(VECTOR_FLOPS["gelu"] * hidden, 2 * hidden * e, 1)
         ac_bt = back(ac_c, 2 * hidden * e, "gelu", 1)
-    dn_c, dn_t = mc.matrix(2 * tokens * f / t * h, (tokens * f / t + f / t * h + tokens * h) * e, 1)
+    dn_c, dn_t = mc.matrix(2 * tokens * f / t * h, (tokens * f / t + f / t * h) * ge + tokens * h * e, 1, f8)
     fwd = fwd + norm_t + up_t + ac_t + dn_t + res_t
     bwd = bwd + norm_bt + 2 * up_t + ac_bt + 2 * dn_t + res_bt
+    if fp8:  # ops.fp8_casts of the attention and the MLP block: inputs and weights forward, gradients backward
+        per = FP8_CAST_BYTES[c.fp8_recipe]
+        qkv_w = (h + 2 * kv) / t
+        for forward_elements, backward_elements in (
+                (tokens * h + h * qkv_w + tokens * h / t + h * h / t, tokens * qkv_w + tokens * h),
+                (tokens * h + h * up_w + hidden + f / t * h, tokens * up_w + tokens * h)):
+            fwd = fwd + mc.vector(FP8_CAST_FLOPS * forward_elements, per * forward_elements, 4 * FP8_CAST_KERNELS)[1]
+            bwd = bwd + mc.vector(FP8_CAST_FLOPS * backward_elements, per * backward_elements,
+                                  2 * FP8_CAST_KERNELS)[1]
 
     # ---- exposed TP / CP collectives of one layer --------------------------------------------------
     tp_on = t > 1
@@ -245,10 +208,19 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     emb_p = table + (spec.context_length * h if learned else 0.0)
     head_p = norm_p + (0.0 if spec.tie_embeddings else h * vocab / t)
     head_p_pp = head_p + (table if spec.tie_embeddings else 0.0)  # a tied projection is a copy on the last stage
-    single = c.pp == 1
-    first_p, last_p = layer_p * layers + emb_p, layer_p * layers + head_p_pp
-    params = np.where(single, layer_p * layers + emb_p + head_p, np.maximum(first_p, last_p))
-    critical_last = ~single & (last_p > first_p)
+    single, has_middle = c.pp == 1, c.pp > 2
+    first_p, last_p = layer_p * first_l + emb_p, layer_p * last_l + head_p_pp
+    mid_p = np.where(has_middle, layer_p * mid_l, 0.0)
+    # the stage with the most parameters: 0 first, 1 middle, 2 last (pp = 1: the single stage, index 0)
+    critical = np.argmax(np.stack([first_p, mid_p, last_p]), axis=0)
+    critical = np.where(single, 0, critical)
+    params = np.where(single, layer_p * spec.n_layers + emb_p + head_p, np.maximum(np.maximum(first_p, mid_p), last_p))
+    critical_layers = np.where(single, spec.n_layers, np.choose(critical, [first_l, mid_l, last_l]))
+    # ZeRO-3 gathers: the linear layers' weights in fp8 where the recipe casts before gathering
+    gathered = params * e
+    if fp8 and c.fp8_recipe != "blockwise":
+        fp8_p = (layer_p - 2 * norm_p) * critical_layers
+        gathered = fp8_p + (params - fp8_p) * e
 
     # ---- data-parallel collectives: size-based buckets, all-reduce (ZeRO 0) or reduce-scatter --------
     gb = 4 if c.fp32_grads else e
@@ -256,18 +228,20 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     n_full = np.maximum(0, np.ceil(params / cap) - 1)
     last_bucket = params - n_full * cap
     terms = {"ar_full": mc.all_reduce(cap * gb, n_dp, g_dp), "ar_last": mc.all_reduce(last_bucket * gb, n_dp, g_dp),
-             "rs_full": mc.reduce_scatter(cap * gb, n_dp, g_dp),
-             "rs_last": mc.reduce_scatter(last_bucket * gb, n_dp, g_dp),
-             "weights_s": mc.reduce_scatter(params * e, n_dp, g_dp),  # an all-gather costs the same
-             "first_bucket": mc.reduce_scatter(np.minimum(params, cap) * e, n_dp, g_dp)}
+             "rs_full": mc.reduce_scatter(cap * gb, n_shard, g_shard),
+             "rs_last": mc.reduce_scatter(last_bucket * gb, n_shard, g_shard),
+             "hsdp_full": np.where(replicas > 1, mc.all_reduce(cap * gb / n_shard, replicas, g_rep), 0.0),
+             "hsdp_last": np.where(replicas > 1, mc.all_reduce(last_bucket * gb / n_shard, replicas, g_rep), 0.0),
+             "weights_s": mc.reduce_scatter(gathered, n_shard, g_shard),  # an all-gather costs the same
+             "first_bucket": mc.reduce_scatter(np.minimum(1.0, cap / params) * gathered, n_shard, g_shard)}
 
     # ---- optimizer over all local parameters, or over a 1/dp shard (ZeRO >= 1) -----------------------
     if mode == "train":
-        tensors = (param_tensors(spec, 1, False, False) * layers
-                   + np.where(single | ~critical_last, param_tensors(spec, 0, True, False), 0)
-                   + np.where(single | critical_last, param_tensors(spec, 0, False, True), 0))
-        per_param = optimizer_bytes_per_param(precision, gb)
-        for name, local in (("opt_full", params), ("opt_sharded", params / n_dp)):
+        tensors = (param_tensors(spec, 1, False, False) * critical_layers
+                   + np.where(single | (critical == 0), param_tensors(spec, 0, True, False), 0)
+                   + np.where(single | (critical == 2), param_tensors(spec, 0, False, True), 0))
+        per_param = optimizer_bytes_per_param(act_precision, gb)
+        for name, local in (("opt_full", params), ("opt_sharded", params / n_shard)):
             terms[name] = (np.maximum(OPTIMIZER_FLOPS_PER_PARAM * local / mc.optimizer_peak,
                                       local * per_param / mc.bandwidth) + tensors * mc.overhead)
     else:
@@ -275,24 +249,30 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
 
     # ---- activation bytes per layer and micro-batch of each recompute mode (memory.py) ---------------
     act_f = (2 if gated else 1) * tokens * f / t * e
-    common = 4 * sharded * h * e + tokens * h / t * e + 2 * sharded * h * mask + act_f + tokens * f / t * e
+    common = (2 * sharded * h * e + 2 * sharded * h * ge + tokens * h / t * ge + 2 * sharded * h * mask + act_f
+              + tokens * f / t * ge)
     fused = qk_bytes + v_bytes + lse
     s_x_s = scores_el * e + (scores_el * (e + mask) if mask else 0.0)
-    held = np.minimum(c.pp, m).astype(float)
-    held = np.where(c.interleave > 1, held * (1 + (pp - 1) / (pp * v)), held)
+    interleaved = np.where(c.interleave > 1, 1 + (pp - 1) / (pp * v), 1.0)
+    held_first = np.minimum(c.pp, m) * interleaved
+    held_mid = np.minimum(c.pp - 1, m) * interleaved
     # inference keeps only the largest tensor one layer saves (memory.py's forward working set)
     core = np.where(flash, fused, np.maximum.reduce([qk_bytes, v_bytes, scores_el * (e + mask)]))
     terms.update({
         "act_none": common + np.where(flash, fused, qk_bytes + s_x_s + v_bytes),
         "act_selective": common + np.where(flash, fused, qk_bytes + v_bytes),
         "act_full": sharded * h * e,
-        "act_forward_only": np.maximum.reduce([sharded * h * e, tokens * h / t * e, act_f, tokens * f / t * e, core]),
-        "head_act": tokens * vocab / t * (e + 4 + (4 if e < 4 else 0)), "held": held})
+        "act_forward_only": np.maximum.reduce([sharded * h * e, tokens * h / t * ge, act_f, tokens * f / t * ge,
+                                               core]),
+        "head_act": tokens * vocab / t * (e + 4 + (4 if e < 4 else 0)), "held_first": held_first,
+        "held_mid": held_mid})
 
     # ---- FLOPs a recomputation repeats (model FLOPs of the layer forward; or the attention core) ------
     layer_flops = 2 * tokens * h * (h + 2 * kv) / t + 2 * tokens * h * h / t + 2 * tokens * h * up_w + 2 * hidden * h
     terms.update({
-        "m": m.astype(float), "layers": layers.astype(float), "single": single, "pp": pp, "v": v, "dp_cp": n_dp,
+        "m": m.astype(float), "first_layers": first_l.astype(float), "mid_layers": mid_l.astype(float),
+        "last_layers": last_l.astype(float), "has_middle": has_middle, "single": single, "pp": pp, "v": v,
+        "dp_cp": n_dp, "shard": n_shard, "replicas": replicas, "layers_total": np.full(len(c), float(spec.n_layers)),
         "gpus": c.gpus.astype(float), "fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "cp_fwd": cp_fwd,
         "cp_bwd": cp_bwd, "sel_fwd": sel_fwd, "sel_cp": sel_cp,
         "first_fwd": emb_t, "first_fwd_tp": emb_fwd_tp, "last_fwd": fn_t + lg_t + ls_t,
@@ -300,7 +280,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
         "first_bwd": emb_bt if backward else zeros, "last_bwd": fn_bt + 2 * lg_t + ls_bt if backward else zeros,
         "last_bwd_tp": head_bwd_tp if backward else zeros,
         "p2p_fwd": p2p_fwd, "p2p_bwd": p2p_bwd, "params": params, "n_full": n_full,
-        "layer_params": layer_p, "first_params": first_p, "last_params": last_p,
-        "one_params": layer_p * layers + emb_p + head_p,
+        "layer_params": layer_p, "first_params": first_p, "mid_params": mid_p, "last_params": last_p,
+        "one_params": layer_p * spec.n_layers + emb_p + head_p,
         "flops_full": layer_flops + square, "flops_selective": np.where(flash, 0.0, square)})
     return terms

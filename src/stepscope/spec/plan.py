@@ -20,6 +20,11 @@ from stepscope.errors import UsageError
 
 RECOMPUTE = ("none", "selective", "full")
 DIMENSIONS = ("tp", "cp", "dp", "pp")
+FP8_RECIPES = ("delayed", "current", "blockwise")
+"""How fp8 GEMM inputs are scaled (used when the workload's precision is fp8): per-tensor scales from the amax
+history of earlier steps (Transformer Engine's delayed scaling), per-tensor scales from the tensor itself (an
+extra amax pass; torchao's tensorwise/dynamic), or per-block scales (1x128 activations, 128x128 weights, as in
+DeepSeek-V3), computed in the cast kernel."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,19 @@ class ParallelPlan:
     """Tensor/context-parallel collectives overlap the matrix op they belong to."""
     placement: tuple[str, ...] = DIMENSIONS
     """Order in which the dimensions are nested on rank numbers, innermost first."""
+    first_stage_layers: int = 0
+    """Layers of the first pipeline stage (0: an even split). Megatron's --decoder-first-pipeline-num-layers;
+    Llama 3 405B ran pp16 with one layer fewer on the first and on the last stage (7 + 14 x 8 + 7 = 126)."""
+    last_stage_layers: int = 0
+    """Layers of the last pipeline stage (0: an even split); the middle stages share the rest evenly."""
+    shard_group: int = 0
+    """ZeRO/FSDP shards over groups of this many of the dp x cp ranks (HSDP: replicas across groups, the
+    gradient shards all-reduced between them); 0: over all dp x cp ranks."""
+    reshard_after_forward: bool = True
+    """ZeRO-3/FSDP frees the gathered weights after forward and gathers them again for backward; False keeps
+    them until backward ends (FSDP's reshard_after_forward=False, ZeRO-2-like memory, one gather fewer)."""
+    fp8_recipe: str = "delayed"
+    """Scaling of fp8 GEMMs when the workload's precision is fp8 (see FP8_RECIPES)."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "interleave", "micro_batch"):
@@ -66,6 +84,12 @@ class ParallelPlan:
             raise UsageError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.recompute not in RECOMPUTE:
             raise UsageError(f"recompute must be one of {'|'.join(RECOMPUTE)}, got {self.recompute!r}")
+        for name in ("first_stage_layers", "last_stage_layers", "shard_group"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UsageError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise UsageError(f"fp8_recipe must be one of {'|'.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
         if tuple(sorted(self.placement)) != tuple(sorted(DIMENSIONS)):
             raise UsageError(f"placement must order all of {','.join(DIMENSIONS)}, got {','.join(self.placement)}")
         object.__setattr__(self, "placement", tuple(self.placement))
@@ -80,6 +104,21 @@ class ParallelPlan:
         """Ranks holding the same weights (dp x cp, Megatron's data-parallel group with context parallelism):
         gradients are reduced, and ZeRO shards its state, over them."""
         return self.dp * self.cp
+
+    @property
+    def shard(self) -> int:
+        """Ranks one ZeRO/FSDP shard group spans (all dp x cp ranks unless `shard_group` is set)."""
+        return self.shard_group or self.dp_cp
+
+    @property
+    def replicas(self) -> int:
+        """Shard groups holding the same weights (HSDP replicas; 1 for plain ZeRO/FSDP)."""
+        return self.dp_cp // self.shard
+
+    def stage_layers(self, n_layers: int) -> tuple[int, int, int]:
+        """(first, middle, last) stage layer counts; with pp = 1 all three are n_layers, with pp = 2 there is
+        no middle stage (its count repeats the first). Validity is `check`'s."""
+        return stage_layers(self.pp, self.first_stage_layers, self.last_stage_layers, n_layers)
 
     def size(self, dimension: str) -> int:
         """Group size of one dimension (tp, cp, dp or pp)."""
@@ -111,6 +150,10 @@ class ParallelPlan:
     def describe(self) -> str:
         """One line, e.g. `dp8 tp8 pp16 cp1 mb1 sp zero1 recompute selective v2`."""
         extras = ["sp" if self.sequence_parallel else "", f"zero{self.zero}" if self.zero else "",
+                  f"shard{self.shard_group}" if self.shard_group else "",
+                  "no-reshard" if self.zero == 3 and not self.reshard_after_forward else "",
+                  f"first{self.first_stage_layers}" if self.first_stage_layers else "",
+                  f"last{self.last_stage_layers}" if self.last_stage_layers else "",
                   f"recompute {self.recompute}" if self.recompute != "none" else "",
                   f"v{self.interleave}" if self.interleave > 1 else "", "" if self.flash_attention else "no-flash"]
         return (f"dp{self.dp} tp{self.tp} pp{self.pp} cp{self.cp} mb{self.micro_batch} "
@@ -157,6 +200,44 @@ def _local_batch(p: Any, f: Facts) -> Any:
     return f.global_batch // p.dp
 
 
+def stage_layers(pp: Any, first: Any, last: Any, n_layers: int) -> tuple[Any, Any, Any]:
+    """(first, middle, last) layers per stage from the plan's fields (0 = an even share); ints or arrays.
+    The middle stages (pp - 2 of them) share what the first and last leave; pp = 2 has none (middle repeats
+    the first), pp = 1 one stage of n_layers."""
+    even = n_layers // pp
+    first = first + (first == 0) * even
+    last = last + (last == 0) * even
+    inner = (pp - 2) * (pp > 2) + (pp <= 2)  # avoid dividing by zero where there is no middle stage
+    middle = (n_layers - first - last) // inner
+    middle = middle * (pp > 2) + first * (pp <= 2)
+    single = pp == 1
+    return (first * (1 - single) + n_layers * single, middle * (1 - single) + n_layers * single,
+            last * (1 - single) + n_layers * single)
+
+
+def _middle(p: Any, f: Facts) -> Any:
+    return stage_layers(p.pp, p.first_stage_layers, p.last_stage_layers, f.n_layers)[1]
+
+
+def _stages_valid(p: Any, f: Facts) -> Any:
+    first, middle, last = stage_layers(p.pp, p.first_stage_layers, p.last_stage_layers, f.n_layers)
+    even = (p.first_stage_layers == 0) & (p.last_stage_layers == 0)
+    total = first + middle * (p.pp - 2) * (p.pp > 2) + last * (p.pp > 1)
+    uneven_ok = (p.pp > 1) & (first >= 1) & (middle >= 1) & (last >= 1) & (total == f.n_layers)
+    return (even & (f.n_layers % p.pp == 0)) | ((even == False) & uneven_ok)  # noqa: E712 - arrays too
+
+
+def _stages_message(p: Any, f: Facts) -> str:
+    if p.first_stage_layers == 0 and p.last_stage_layers == 0:
+        return (f"pp={p.pp} does not divide n_layers={f.n_layers} (give --first-stage-layers / "
+                f"--last-stage-layers for uneven stages)")
+    if p.pp == 1:
+        return "first/last stage layer counts need pipeline parallelism (pp > 1)"
+    first, middle, last = stage_layers(p.pp, p.first_stage_layers, p.last_stage_layers, f.n_layers)
+    return (f"stages of {first} (first), {last} (last) and {p.pp - 2} x the rest do not split n_layers="
+            f"{f.n_layers} evenly into stages of at least one layer")
+
+
 CONSTRAINTS: tuple[Constraint, ...] = (
     Constraint("tp divides n_heads", lambda p, f: f.n_heads % p.tp == 0,
                lambda p, f: f"tp={p.tp} does not divide n_heads={f.n_heads}"),
@@ -164,10 +245,10 @@ CONSTRAINTS: tuple[Constraint, ...] = (
                lambda p, f: f"tp={p.tp} does not divide n_kv_heads={f.n_kv_heads}"),
     Constraint("tp divides d_ff", lambda p, f: f.d_ff % p.tp == 0,
                lambda p, f: f"tp={p.tp} does not divide d_ff={f.d_ff}"),
-    Constraint("pp divides n_layers", lambda p, f: f.n_layers % p.pp == 0,
-               lambda p, f: f"pp={p.pp} does not divide n_layers={f.n_layers}"),
-    Constraint("interleave divides layers per stage", lambda p, f: (f.n_layers // p.pp) % p.interleave == 0,
-               lambda p, f: f"interleave={p.interleave} does not divide the {f.n_layers // p.pp} layers "
+    Constraint("pipeline stages hold every layer", _stages_valid,
+               lambda p, f: _stages_message(p, f)),
+    Constraint("interleave divides layers per stage", lambda p, f: _middle(p, f) % p.interleave == 0,
+               lambda p, f: f"interleave={p.interleave} does not divide the {_middle(p, f)} layers "
                             f"per pipeline stage"),
     Constraint("interleave needs pp > 1", lambda p, f: (p.interleave == 1) | (p.pp > 1),
                lambda p, f: f"interleave={p.interleave} needs pipeline parallelism (pp > 1)"),
@@ -183,6 +264,10 @@ CONSTRAINTS: tuple[Constraint, ...] = (
                lambda p, f: (p.interleave == 1) | ((_local_batch(p, f) // p.micro_batch) % p.pp == 0),
                lambda p, f: f"interleave={p.interleave} needs the {_local_batch(p, f) // p.micro_batch} "
                             f"micro-batches to be a multiple of pp={p.pp}"),
+    Constraint("shard group divides dp x cp", lambda p, f: (p.shard_group == 0) | ((p.dp * p.cp) % (
+        p.shard_group + (p.shard_group == 0)) == 0),
+               lambda p, f: f"shard_group={p.shard_group} does not divide the dp x cp = {p.dp * p.cp} ranks holding "
+                            f"the same weights"),
     Constraint("sequence parallel needs tp > 1", lambda p, f: (p.sequence_parallel == False) | (p.tp > 1),  # noqa: E712
                lambda p, f: "sequence_parallel needs tensor parallelism (tp > 1)"),
     Constraint("sequence parallel splits the sequence",

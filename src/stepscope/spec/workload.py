@@ -8,10 +8,14 @@ from typing import Any, Literal
 
 from stepscope.errors import UsageError
 
-Precision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 Mode = Literal["fwd", "fwd-bwd", "train"]
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+"""Precisions stepscope measures (PyTorch autocast)."""
+MODELLED_PRECISIONS: tuple[str, ...] = (*PRECISIONS, "fp8")
+"""Precisions the performance model predicts: fp8 is bf16 mixed precision whose linear-layer GEMMs run in fp8
+(Transformer Engine, torchao float8); measuring it needs fp8 hardware."""
 MODES: tuple[str, ...] = ("fwd", "fwd-bwd", "train")
 
 _BYTES_PER_ELEMENT = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
@@ -34,7 +38,7 @@ class Workload:
     seq: int = 128
     """Tokens per sequence."""
     precision: Precision = "fp32"
-    """fp32, or bf16/fp16 autocast (fp16 with loss scaling)."""
+    """fp32, or bf16/fp16 autocast (fp16 with loss scaling); fp8 (bf16 with fp8 GEMMs) in the model only."""
     mode: Mode = "train"
     """fwd (inference forward), fwd-bwd (forward + backward), train (forward + backward + AdamW step)."""
 
@@ -43,8 +47,8 @@ class Workload:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise UsageError(f"{name} must be a positive integer, got {value!r}")
-        if self.precision not in PRECISIONS:
-            raise UsageError(f"precision must be one of {'|'.join(PRECISIONS)}, got {self.precision!r}")
+        if self.precision not in MODELLED_PRECISIONS:
+            raise UsageError(f"precision must be one of {'|'.join(MODELLED_PRECISIONS)}, got {self.precision!r}")
         if self.mode not in MODES:
             raise UsageError(f"mode must be one of {'|'.join(MODES)}, got {self.mode!r}")
 

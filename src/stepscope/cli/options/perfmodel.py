@@ -12,6 +12,7 @@ from stepscope.cli.options import (
     choice,
     config_default,
     field_default,
+    non_negative_int,
     one_value,
     optional_value,
     parse_list,
@@ -20,8 +21,8 @@ from stepscope.cli.options import (
 )
 from stepscope.errors import UsageError
 from stepscope.perfmodel.runs import ModelledWorkload
-from stepscope.spec import MODES, PRECISIONS, ModelSpec, Workload
-from stepscope.spec.plan import RECOMPUTE, ParallelPlan
+from stepscope.spec import MODELLED_PRECISIONS, MODES, ModelSpec, Workload
+from stepscope.spec.plan import FP8_RECIPES, RECOMPUTE, ParallelPlan
 from stepscope.spec.system import list_systems
 
 
@@ -40,7 +41,7 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
                        help="sequences per step over all replicas (predict default: dp x micro-batch)")
     group.add_argument("--seq", default=config_default(ModelledWorkload, "seq"),
                        help="tokens per sequence (default: the model's context_length)")
-    add_config_option(group, ModelledWorkload, "--precision", "|".join(PRECISIONS))
+    add_config_option(group, ModelledWorkload, "--precision", "|".join(MODELLED_PRECISIONS))
     add_config_option(group, ModelledWorkload, "--mode", "|".join(MODES))
     group = parser.add_argument_group("execution switches")
     group.add_argument("--dropout", action="store_true", help="the run applies dropout (masks kept for backward)")
@@ -53,7 +54,7 @@ def training_from_args(args: argparse.Namespace) -> ModelledWorkload:
     """The workload options (`add_training_options`) as given; what was left out is derived later."""
     return ModelledWorkload(global_batch=optional_value(args.global_batch, positive_int, "--global-batch"),
                             seq=optional_value(args.seq, positive_int, "--seq"),
-                            precision=one_value(args.precision, choice(*PRECISIONS), "--precision"),
+                            precision=one_value(args.precision, choice(*MODELLED_PRECISIONS), "--precision"),
                             mode=one_value(args.mode, choice(*MODES), "--mode"))
 
 
@@ -75,7 +76,17 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
     for option, help_text, field in (("--zero", "ZeRO stage 0-3, 1 = distributed optimizer", None),
                                      ("--recompute", "|".join(RECOMPUTE), None),
                                      ("--flash", "fused flash attention: yes|no", "flash_attention"),
-                                     ("--placement", "nesting of the groups on ranks, innermost first", None)):
+                                     ("--placement", "nesting of the groups on ranks, innermost first", None),
+                                     ("--first-stage-layers", "layers of the first pipeline stage (0: even split)",
+                                      None),
+                                     ("--last-stage-layers", "layers of the last pipeline stage (0: even split)",
+                                      None),
+                                     ("--shard-group", "ZeRO/FSDP shard group size; replicas across groups (HSDP); "
+                                      "0: all dp x cp ranks", None),
+                                     ("--reshard-after-forward", "ZeRO-3/FSDP: gather weights again for backward: "
+                                      "yes|no", None),
+                                     ("--fp8-recipe", f"scaling of fp8 GEMMs with --precision fp8: "
+                                      f"{'|'.join(FP8_RECIPES)}", None)):
         add_config_option(group, ParallelPlan, option, help_text, field=field)
 
 
@@ -94,7 +105,13 @@ def plan_from_args(args: argparse.Namespace, spec: ModelSpec) -> tuple[ParallelP
                         recompute=one_value(args.recompute, choice(*RECOMPUTE), "--recompute"),
                         interleave=one_value(args.interleave, positive_int, "--interleave"),
                         sequence_parallel=args.sequence_parallel, flash_attention=yes_no(args.flash, "--flash"),
-                        placement=tuple(parse_list(args.placement, str, "--placement")), **switches_from_args(args))
+                        placement=tuple(parse_list(args.placement, str, "--placement")),
+                        first_stage_layers=one_value(args.first_stage_layers, non_negative_int, "--first-stage-layers"),
+                        last_stage_layers=one_value(args.last_stage_layers, non_negative_int, "--last-stage-layers"),
+                        shard_group=one_value(args.shard_group, non_negative_int, "--shard-group"),
+                        reshard_after_forward=yes_no(args.reshard_after_forward, "--reshard-after-forward"),
+                        fp8_recipe=one_value(args.fp8_recipe, choice(*FP8_RECIPES), "--fp8-recipe"),
+                        **switches_from_args(args))
     workload = training_from_args(args).workload(spec, batch=dp * micro_batch)
     plan.check(spec, workload.batch, workload.seq, gpus)
     return plan, workload
