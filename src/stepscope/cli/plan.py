@@ -11,6 +11,7 @@ from stepscope.cli.options import (
     add_output_options,
     choice,
     config_default,
+    non_negative_int,
     one_value,
     optional_value,
     parse_list,
@@ -27,12 +28,13 @@ from stepscope.cli.options.perfmodel import (
 from stepscope.errors import UsageError
 from stepscope.perfmodel.plan import PlanConfig
 from stepscope.perfmodel.search import SearchSpace
-from stepscope.spec.plan import RECOMPUTE
+from stepscope.spec.plan import FP8_RECIPES, RECOMPUTE
 
 NAME = "plan"
 HELP = "search parallel plans and rank the feasible ones"
-DESCRIPTION = ("Enumerate every valid (tp, pp, dp, cp, micro-batch, ZeRO stage, recompute, interleave, placement) "
-               "for a model on N GPUs, evaluate them vectorized, and print the fastest plans that fit in memory.")
+DESCRIPTION = ("Enumerate every valid (tp, pp, dp, cp, micro-batch, ZeRO stage, shard group, recompute, interleave, "
+               "stage layout, placement) for a model on N GPUs, evaluate them vectorized, and print the fastest plans "
+               "that fit in memory.")
 
 
 PROGRESS_ABOVE = 2_000_000  # candidates: smaller searches finish before a bar would be useful
@@ -51,7 +53,14 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                                      ("--zero", "ZeRO stages to try", None),
                                      ("--recompute", "recompute modes to try", None),
                                      ("--sequence-parallel", "sequence parallelism: no, yes, or no,yes", None),
-                                     ("--flash", "fused flash attention: yes, no, or no,yes", "flash_attention")):
+                                     ("--flash", "fused flash attention: yes, no, or no,yes", "flash_attention"),
+                                     ("--shard-group", "ZeRO/FSDP shard group sizes to try (0: all dp x cp ranks; "
+                                      "smaller: HSDP)", None),
+                                     ("--uneven-stages", "also try first/last stages one layer shorter: yes|no", None),
+                                     ("--reshard-after-forward", "ZeRO-3/FSDP gathers weights again for backward: "
+                                      "yes|no", None),
+                                     ("--fp8-recipe", f"scaling of fp8 GEMMs with --precision fp8: "
+                                      f"{'|'.join(FP8_RECIPES)}", None)):
         add_config_option(group, SearchSpace, option, help_text, field=field)
     group.add_argument("--no-placements", action="store_true",
                        help="only Megatron's rank order (tp, cp, dp, pp) instead of every placement")
@@ -80,6 +89,10 @@ def space_from_args(args: argparse.Namespace) -> SearchSpace:
                        zero=zero, recompute=tuple(parse_list(args.recompute, choice(*RECOMPUTE), "--recompute")),
                        sequence_parallel=switches("--sequence-parallel", args.sequence_parallel),
                        flash_attention=switches("--flash", args.flash), placements=not args.no_placements,
+                       shard_group=tuple(parse_list(args.shard_group, non_negative_int, "--shard-group")),
+                       uneven_stages=yes_no(args.uneven_stages, "--uneven-stages"),
+                       reshard_after_forward=yes_no(args.reshard_after_forward, "--reshard-after-forward"),
+                       fp8_recipe=one_value(args.fp8_recipe, choice(*FP8_RECIPES), "--fp8-recipe"),
                        **switches_from_args(args))
 
 

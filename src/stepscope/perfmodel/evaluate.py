@@ -222,7 +222,9 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
             shard_times = [collective_time("all-reduce", b / shard * gb, replicas, layout["replica"], network)
                            for b in buckets]
             reduce_s += dp_exposed(shard_times, stage_bwd.total_s, plan.dp_overlap)
-        gathered = gathered_bytes(layer_ops(spec, g), critical.layers, params, e, g)
+        # ZeRO-3 gathers the weights it computes with (fp8 where the recipe allows); ZeRO-1/2 the updated
+        # 16-bit shards
+        gathered = gathered_bytes(layer_ops(spec, g), critical.layers, params, e, g) if plan.zero == 3 else params * e
         weights_s = collective_time("all-gather", gathered, shard, layout["shard"], network)
         first_bucket = collective_time("all-gather", min(1.0, buckets[0] / params) * gathered, shard,
                                        layout["shard"], network)

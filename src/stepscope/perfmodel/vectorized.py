@@ -98,13 +98,14 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     hsdp_s = np.maximum(hsdp_t - stage_bwd, T["hsdp_last"]) if c.dp_overlap else hsdp_t
     reduce_s = reduce_s + np.where((zero >= 1) & (T["replicas"] > 1), hsdp_s, 0.0)
     weights_s, first_bucket = T["weights_s"], T["first_bucket"]
+    weights3, first3 = T["weights_s_z3"], T["first_bucket_z3"]
     gathers = 2 if c.reshard_after_forward else 1  # ZeRO-3 gathers for forward and (unless kept) backward
     if c.dp_overlap:
-        z3 = m * (np.maximum(weights_s - stage_fwd, first_bucket)
-                  + (np.maximum(weights_s - stage_bwd, first_bucket) if gathers == 2 else 0.0))
+        z3 = m * (np.maximum(weights3 - stage_fwd, first3)
+                  + (np.maximum(weights3 - stage_bwd, first3) if gathers == 2 else 0.0))
         z12 = np.maximum(weights_s - stage_fwd, first_bucket)
     else:
-        z3, z12 = m * gathers * weights_s, weights_s
+        z3, z12 = m * gathers * weights3, weights_s
     has_dp = (T["dp_cp"] > 1) & backward
     reduce_s = np.where(has_dp, reduce_s, 0.0)
     gather_s = np.where(has_dp & (zero == 3), z3, np.where(has_dp & (zero >= 1) & (mode == "train"), z12, 0.0))

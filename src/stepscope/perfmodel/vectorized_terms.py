@@ -232,8 +232,11 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
              "rs_last": mc.reduce_scatter(last_bucket * gb, n_shard, g_shard),
              "hsdp_full": np.where(replicas > 1, mc.all_reduce(cap * gb / n_shard, replicas, g_rep), 0.0),
              "hsdp_last": np.where(replicas > 1, mc.all_reduce(last_bucket * gb / n_shard, replicas, g_rep), 0.0),
-             "weights_s": mc.reduce_scatter(gathered, n_shard, g_shard),  # an all-gather costs the same
-             "first_bucket": mc.reduce_scatter(np.minimum(1.0, cap / params) * gathered, n_shard, g_shard)}
+             # an all-gather costs as much as a reduce-scatter; ZeRO-3 gathers fp8 weights, ZeRO-1/2 16-bit ones
+             "weights_s": mc.reduce_scatter(params * e, n_shard, g_shard),
+             "first_bucket": mc.reduce_scatter(np.minimum(params, cap) * e, n_shard, g_shard),
+             "weights_s_z3": mc.reduce_scatter(gathered, n_shard, g_shard),
+             "first_bucket_z3": mc.reduce_scatter(np.minimum(1.0, cap / params) * gathered, n_shard, g_shard)}
 
     # ---- optimizer over all local parameters, or over a 1/dp shard (ZeRO >= 1) -----------------------
     if mode == "train":

@@ -1,0 +1,126 @@
+"""Uneven pipeline stages, ZeRO/FSDP shard groups (HSDP) and fp8 training: each reduces to what it generalizes,
+and each new formula against a hand calculation."""
+
+import dataclasses
+
+import pytest
+
+from stepscope.errors import UsageError
+from stepscope.perfmodel import ops
+from stepscope.perfmodel.collectives import collective_time
+from stepscope.perfmodel.evaluate import evaluate, geometry
+from stepscope.perfmodel.memory import GiB
+from stepscope.perfmodel.search import SearchSpace, search
+from stepscope.perfmodel.timing import bucket_layout
+from stepscope.spec import Workload, get_preset
+from stepscope.spec.plan import ParallelPlan
+from stepscope.spec.system import load_system
+
+LLAMA_405B = get_preset("llama3-405b")
+H100 = load_system("H100-SXM")
+TRAIN = Workload(batch=2048, seq=8192, precision="bf16", mode="train")
+
+
+def outputs(prediction) -> dict[str, float]:
+    return {"step_s": prediction.step_s, **prediction.phases, **prediction.breakdown, **prediction.memory.GiB()}
+
+
+def test_stage_layers_given_equal_to_the_even_split_change_nothing():
+    spec = get_preset("llama3-70b")  # 80 layers
+    workload = Workload(batch=256, seq=8192, precision="bf16")
+    even = ParallelPlan(dp=4, tp=8, pp=4, interleave=2, micro_batch=1, zero=1, sequence_parallel=True)
+    explicit = even.replace(first_stage_layers=20, last_stage_layers=20)
+    assert explicit.stage_layers(80) == even.stage_layers(80) == (20, 20, 20)
+    assert outputs(evaluate(spec, workload, explicit, H100)) == pytest.approx(outputs(evaluate(spec, workload, even,
+                                                                                                 H100)), rel=1e-12)
+
+
+def test_llama3_405b_stages_of_7_8_7_and_the_fullest_stage_is_the_second():
+    plan = ParallelPlan(dp=128, tp=8, pp=16, micro_batch=1, zero=1, sequence_parallel=True, first_stage_layers=7,
+                        last_stage_layers=7)
+    assert plan.stage_layers(126) == (7, 8, 7)
+    with pytest.raises(UsageError, match="pp=16 does not divide n_layers=126"):
+        plan.replace(first_stage_layers=0, last_stage_layers=0).check(LLAMA_405B, 2048, 8192)
+    with pytest.raises(UsageError, match="do not split n_layers=126"):
+        plan.replace(first_stage_layers=6).check(LLAMA_405B, 2048, 8192)
+    prediction = evaluate(LLAMA_405B, TRAIN, plan, H100)
+    # hand calculation: the first stage holds 16 micro-batches of 7 layers (112 layer-micro-batches), the second
+    # 15 of 8 (120): the second is the fullest
+    g = geometry(plan, TRAIN)
+    per_layer = sum(op.saved_bytes for op in ops.layer_ops(LLAMA_405B, g))
+    assert prediction.memory.activations == pytest.approx(120 * per_layer, rel=1e-12)
+
+
+def test_one_shard_group_is_zero3_and_hsdp_adds_the_replica_all_reduce():
+    spec = get_preset("llama3-8b")
+    workload = Workload(batch=64, seq=8192, precision="bf16", mode="train")
+    fsdp = ParallelPlan(dp=64, micro_batch=1, zero=3, dp_overlap=False)
+    same = fsdp.replace(shard_group=64)
+    assert outputs(evaluate(spec, workload, same, H100)) == pytest.approx(outputs(evaluate(spec, workload, fsdp, H100)),
+                                                                         rel=1e-12)
+    hsdp = fsdp.replace(shard_group=8)  # one node shards, 8 replicas across nodes
+    prediction = evaluate(spec, workload, hsdp, H100)
+    # hand calculation of the gradient and weight communication (no overlap): per bucket a reduce-scatter in
+    # the node, then the all-reduce of its 1/8 across the 8 nodes; weights gathered in the node before the
+    # forward and again before the backward
+    params = prediction.extras["params_per_gpu"]
+    buckets = bucket_layout(params, 25 * 2**20 / 2)
+    net = H100.network
+    reduce_s = sum(collective_time("reduce-scatter", b * 2, 8, 8, net) for b in buckets)
+    replica_s = sum(collective_time("all-reduce", b / 8 * 2, 8, 1, net) for b in buckets)
+    gather_s = 2 * collective_time("all-gather", params * 2, 8, 8, net)
+    assert prediction.breakdown["dp_comm"] == pytest.approx(reduce_s + replica_s + gather_s, rel=1e-12)
+    # the state is sharded over 8 ranks, not 64
+    assert prediction.memory.optimizer == pytest.approx(params * 12 / 8, rel=1e-12)
+    # FSDP keeping the gathered weights until backward: one gather fewer, full weights in memory
+    kept = evaluate(spec, workload, hsdp.replace(reshard_after_forward=False), H100)
+    assert kept.breakdown["dp_comm"] == pytest.approx(reduce_s + replica_s + gather_s / 2, rel=1e-12)
+    assert kept.memory.weights == pytest.approx(params * 2, rel=1e-12)
+
+
+def test_fp8_without_cast_costs_and_at_the_bf16_rate_is_bf16(monkeypatch):
+    spec = get_preset("llama3-70b")
+    plan = ParallelPlan(dp=8, tp=8, pp=4, micro_batch=1, zero=1, sequence_parallel=True)
+    bf16, fp8 = (Workload(batch=64, seq=8192, precision=p) for p in ("bf16", "fp8"))
+    same_rate = dataclasses.replace(H100, accelerator=dataclasses.replace(
+        H100.accelerator, matrix_TFLOPps={**H100.accelerator.matrix_TFLOPps, "fp8": 989.0}))
+    monkeypatch.setattr(ops, "FP8_CAST_BYTES", {"delayed": 0, "current": 0, "blockwise": 0})
+    monkeypatch.setattr(ops, "FP8_CAST_FLOPS", 0.0)
+    monkeypatch.setattr(ops, "FP8_CAST_KERNELS", 0)
+    a, b = evaluate(spec, bf16, plan, same_rate), evaluate(spec, fp8, plan, same_rate)
+    # these GEMMs are compute-bound, so reading 1-byte inputs changes no time
+    assert b.step_s == pytest.approx(a.step_s, rel=1e-12)
+    assert (b.memory.weights, b.memory.grads, b.memory.optimizer) == (a.memory.weights, a.memory.grads,
+                                                                       a.memory.optimizer)
+    assert b.memory.activations < a.memory.activations  # linear-layer inputs saved in fp8
+    assert b.peak_flops == a.peak_flops == 989e12  # MFU against the 16-bit peak
+
+
+def test_fp8_cast_bytes_and_gemm_rate_by_hand():
+    spec = get_preset("llama3-8b")
+    plan = ParallelPlan(tp=2, micro_batch=1, fp8_recipe="current")
+    workload = Workload(batch=1, seq=4096, precision="fp8")
+    g = geometry(plan, workload)
+    assert g.fp8 and g.act_bytes == 2
+    casts = {op.name: op for op in ops.layer_ops(spec, g)}["attn_fp8_casts"]
+    tokens, h, kv, t = 4096, 4096, 1024, 2
+    qkv = (h + 2 * kv) / t
+    elements = tokens * h + h * qkv + tokens * h / t + h * h / t  # qkv and out: inputs and weights
+    assert casts.forward.bytes == pytest.approx(6 * elements)  # current scaling: amax read, read, 2 fp8 writes
+    assert casts.backward.bytes == pytest.approx(6 * (tokens * qkv + tokens * h))
+    qkv_op = {op.name: op for op in ops.layer_ops(spec, g)}["qkv"]
+    assert qkv_op.fp8 and qkv_op.forward.bytes == pytest.approx((tokens * h + h * qkv) * 1 + tokens * qkv * 2)
+    bf16 = evaluate(spec, Workload(batch=8, seq=4096, precision="bf16"), ParallelPlan(dp=8), H100)
+    fp8 = evaluate(spec, Workload(batch=8, seq=4096, precision="fp8"), ParallelPlan(dp=8), H100)
+    assert 1.0 < bf16.step_s / fp8.step_s < 2.0  # fp8 GEMMs at twice the rate, the rest unchanged
+
+
+def test_the_search_finds_uneven_layouts_where_even_ones_cannot_exist():
+    space = SearchSpace(tp=(8,), pp=(16,), cp=(1,), micro_batch=(1,), interleave=(1,), zero=(1,),
+                        recompute=("none",), sequence_parallel=(True,), placements=False, shard_group=(0,))
+    result = search(LLAMA_405B, TRAIN, H100, 16384, space, top_k=1)
+    best, metrics = result.top[0]
+    assert (best.first_stage_layers, best.last_stage_layers) == (7, 7)
+    assert metrics["mem_GiB"] * GiB == pytest.approx(evaluate(LLAMA_405B, TRAIN, best, H100).memory.total, rel=1e-9)
+    none = search(LLAMA_405B, TRAIN, H100, 16384, dataclasses.replace(space, uneven_stages=False), top_k=1)
+    assert not none.top and none.rejected["pipeline stages hold every layer"] > 0
