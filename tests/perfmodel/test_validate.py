@@ -31,7 +31,7 @@ def test_run_validate_writes_one_record_per_published_run(tmp_path):
     assert outcome.path == tmp_path / "validate.jsonl" and len(records) == len(outcome.rows) == 10
     for record, row in zip(records, outcome.rows, strict=True):
         assert record["kind"] == "validate" and record["config"]["run"] == row.run.label
-        assert {"dataset", "run", "system", "model_spec", "batch", "seq", "precision", "mode", "plan"} == set(
+        assert {"dataset", "run", "system", "source", "model_spec", "batch", "seq", "precision", "mode", "plan"} == set(
             record["config"])
         assert record["config"]["system"] == "A100-80GB" and record["config"]["dataset"] == "narayanan2021_table1"
         assert record["metrics"]["predicted_step_s"] == row.prediction.step_s

@@ -23,62 +23,19 @@ not give them; none is fitted per row):
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 from stepscope.perfmodel.evaluate import Prediction, evaluate
-from stepscope.perfmodel.runs import DEFAULT_SYSTEM, RunRecords, SystemLike, check_choice, system_of
-from stepscope.spec import ModelSpec, Workload, get_preset
-from stepscope.spec.plan import ParallelPlan
+from stepscope.perfmodel.published import DATASETS, PublishedRun, load_dataset
+from stepscope.perfmodel.runs import RunRecords, SystemLike, check_choice, system_of
 from stepscope.spec.system import SystemSpec
 
-DATASETS = ("narayanan2021_table1",)
-
-
-@dataclass(frozen=True)
-class PublishedRun:
-    """One measured run from a paper."""
-
-    source: str
-    model: ModelSpec
-    workload: Workload
-    plan: ParallelPlan
-    measured_step_s: float
-    measured_tflops_per_gpu: float
-    label: str
-
-    @property
-    def published_flops(self) -> float:
-        """The paper's FLOPs per iteration: 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h)) (full recomputation)."""
-        spec, w = self.model, self.workload
-        h, layers = spec.d_model, spec.n_layers
-        return 96.0 * w.batch * w.seq * layers * h * h * (1 + w.seq / (6 * h) + spec.vocab_size / (16 * layers * h))
-
-
-def load_dataset(name: str = "narayanan2021_table1") -> list[PublishedRun]:
-    """The runs of one shipped dataset, turned into (model, workload, plan) with the assumptions above."""
-    text = (resources.files("stepscope") / "data" / "validation" / f"{name}.csv").read_text(encoding="utf-8")
-    rows = csv.DictReader(io.StringIO("\n".join(line for line in text.splitlines() if not line.startswith("#"))))
-    runs = []
-    for row in rows:
-        hidden, layers, heads = int(row["hidden"]), int(row["layers"]), int(row["heads"])
-        model = get_preset("megatron-1.7b", d_model=hidden, n_layers=layers, n_heads=heads, d_ff=4 * hidden)
-        model = model.replace(name=f"gpt-{row['params_billion']}b")
-        workload = Workload(batch=int(row["global_batch"]), seq=2048, precision="fp16", mode="train")
-        plan = ParallelPlan(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), micro_batch=1,
-                            recompute="full", flash_attention=False, dropout=True, fp32_grads=True,
-                            dp_overlap=False, tp_overlap=False, placement=("tp", "dp", "cp", "pp"))
-        runs.append(PublishedRun(source=name, model=model, workload=workload, plan=plan,
-                                 measured_step_s=float(row["iteration_s"]),
-                                 measured_tflops_per_gpu=float(row["tflops_per_gpu"]),
-                                 label=f"{row['params_billion']}B"))
-    return runs
+__all__ = ["DATASETS", "PublishedRun", "ValidateConfig", "ValidateOutcome", "ValidationRow", "load_dataset",
+           "median_abs_error", "run_validate", "validate"]
 
 
 @dataclass(frozen=True)
@@ -95,7 +52,12 @@ class ValidationRow:
         p, run = self.prediction, self.run
         # like with like: the paper's own FLOP count (with recomputation) over the predicted time
         predicted_tflops = run.published_flops / p.step_s / run.plan.gpus / 1e12
-        return {"run": run.label, "gpus": run.plan.gpus, "plan": f"tp{run.plan.tp} pp{run.plan.pp} dp{run.plan.dp}",
+        plan = f"tp{run.plan.tp} pp{run.plan.pp} dp{run.plan.dp}"
+        modern = {}
+        if run.source != "narayanan2021_table1":  # the modern plans say more
+            plan = run.plan.describe()
+            modern = {"system": run.system, "precision": run.workload.precision, "seq": run.workload.seq}
+        return {"run": run.label, "gpus": run.plan.gpus, "plan": plan, **modern,
                 "batch": run.workload.batch, "measured_step_s": run.measured_step_s, "predicted_step_s": p.step_s,
                 "error_pct": 100 * self.error, "measured_tflops_per_gpu": run.measured_tflops_per_gpu,
                 "predicted_tflops_per_gpu": predicted_tflops, "bubble_pct": 100 * p.phases["bubble"] / p.step_s,
@@ -103,10 +65,10 @@ class ValidationRow:
                 "mem_GiB": p.memory.total / 2**30}
 
 
-def validate(system: SystemSpec | None = None, dataset: str = "narayanan2021_table1") -> list[ValidationRow]:
-    """Predict every run of `dataset` on `system` (default: the shipped A100-80GB preset)."""
-    system = system or system_of(DEFAULT_SYSTEM)
-    return [ValidationRow(run, evaluate(run.model, run.workload, run.plan, system)) for run in load_dataset(dataset)]
+def validate(system: SystemSpec | None = None, dataset: str = DATASETS[0]) -> list[ValidationRow]:
+    """Predict every run of `dataset` on `system` (default: each run's own system preset)."""
+    return [ValidationRow(run, evaluate(run.model, run.workload, run.plan, system or system_of(run.system)))
+            for run in load_dataset(dataset)]
 
 
 def median_abs_error(rows: list[ValidationRow]) -> float:
@@ -117,8 +79,8 @@ def median_abs_error(rows: list[ValidationRow]) -> float:
 class ValidateConfig:
     """Which published runs to predict, on which system."""
 
-    system: SystemLike = DEFAULT_SYSTEM
-    """System preset, TOML file or SystemSpec."""
+    system: SystemLike | None = None
+    """System preset, TOML file or SystemSpec for every run (None: each run's own, A100-80GB for Narayanan)."""
     dataset: str = DATASETS[0]
     """One of `DATASETS`."""
 
@@ -126,13 +88,14 @@ class ValidateConfig:
 @dataclass(frozen=True)
 class ValidateOutcome:
     dataset: str
-    system: SystemSpec
+    system: str
+    """The system every run was predicted on, or the runs' systems joined by `+`."""
     rows: list[ValidationRow] = field(default_factory=list)
     path: Path | None = None
     """The records file (None: no records were written)."""
 
     def title(self) -> str:
-        return f"{self.dataset} on {self.system.name}: predicted vs measured step time"
+        return f"{self.dataset} on {self.system}: predicted vs measured step time"
 
     def summary(self) -> str:
         """One line: the median and the largest absolute error."""
@@ -144,11 +107,14 @@ def run_validate(config: ValidateConfig = ValidateConfig(), out: str | os.PathLi
     """Predict every run of the dataset and append one `validate` record each to `<out>/validate.jsonl`
     (None: no records)."""
     check_choice(config.dataset, DATASETS)
-    system = system_of(config.system)
+    system = system_of(config.system) if config.system is not None else None
     records = RunRecords(out, "validate")
     rows = validate(system, config.dataset)
+    names = system.name if system else "+".join(dict.fromkeys(system_of(r.run.system).name for r in rows))
     for r in rows:
-        records.append({"dataset": config.dataset, "run": r.run.label, "system": system.name,
+        records.append({"dataset": config.dataset, "run": r.run.label,
+                        "system": system.name if system else system_of(r.run.system).name,
+                        "source": r.run.citation,
                         "model_spec": r.run.model.to_dict(), **r.run.workload.to_dict(), "plan": r.run.plan.to_dict()},
                        {k: v for k, v in r.row().items() if k not in ("run", "plan")})
-    return ValidateOutcome(config.dataset, system, rows, records.path)
+    return ValidateOutcome(config.dataset, names, rows, records.path)

@@ -29,8 +29,9 @@ from stepscope.spec.system import list_systems
 def add_system_option(parser: argparse.ArgumentParser, config: type, option: str = "--system", field: str = "system",
                       help: str = "system preset or TOML file") -> None:
     """A system (preset name or TOML file), default from `config.<field>`."""
-    parser.add_argument(option, default=config_default(config, field),
-                        help=f"{help} (default %(default)s); presets: {', '.join(list_systems())}")
+    default = config_default(config, field)
+    shown = "(default %(default)s)" if default is not None else "(default: each run's own system)"
+    parser.add_argument(option, default=default, help=f"{help} {shown}; presets: {', '.join(list_systems())}")
 
 
 def add_training_options(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,121 @@
+"""Published measured training runs, as (model, workload, plan, system, measured step time) to predict.
+
+Two datasets ship in `stepscope/data/validation/`:
+- `narayanan2021_table1`: Megatron-LM GPT 1.7B-1T on up to 3,072 A100s (Narayanan et al. 2021, Table 1), with
+  the assumptions `validate.py` states (the 2021 software: fp16, no flash attention, full recomputation, ...);
+- `modern_runs`: dense Llama-class runs of 2024-25 (H100/H200, bf16 and fp8, uneven pipelines, context
+  parallelism), one row per run with its source and the exact configuration the source gives; what a source
+  does not give is stated in the row's notes as an assumption, never fitted.
+
+A source publishes tokens/s per GPU, TFLOP/s per GPU or MFU; each becomes a measured step time:
+B·s / (tokens/s/GPU · GPUs), or the run's FLOPs / (rate · GPUs) with the FLOPs counted as the source counts
+them (`flops_convention`: `6N+attention` is stepscope's `ModelSpec.flops_per_token` with causal attention
+counted half, `6N+attention-full` with the full s x s square, as Megatron's and Meta's MFU do; `6N` without
+attention), and MFU against the bf16 dense peak of the row's system.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from importlib import resources
+
+from stepscope.errors import UsageError
+from stepscope.spec import ModelSpec, Workload, get_preset
+from stepscope.spec.plan import ParallelPlan
+from stepscope.spec.system import load_system
+
+DATASETS = ("narayanan2021_table1", "modern_runs")
+FLOPS_CONVENTIONS = ("6N+attention", "6N+attention-full", "6N")
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One measured run from a paper or a framework's performance page."""
+
+    source: str
+    model: ModelSpec
+    workload: Workload
+    plan: ParallelPlan
+    measured_step_s: float
+    measured_tflops_per_gpu: float
+    """TFLOP/s per GPU as the source counts them (derived from its metric when it gave another)."""
+    label: str
+    system: str = "A100-80GB"
+    """The system preset the run is predicted on."""
+    citation: str = ""
+    flops_convention: str = "megatron-recompute"
+
+    @property
+    def published_flops(self) -> float:
+        """FLOPs per iteration as the source counts them."""
+        return run_flops(self.model, self.workload, self.flops_convention)
+
+
+def run_flops(spec: ModelSpec, workload: Workload, convention: str) -> float:
+    """FLOPs of one training step of `workload` under a source's counting convention."""
+    tokens, s = workload.batch * workload.seq, workload.seq
+    if convention == "megatron-recompute":  # Narayanan 2021: 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))
+        h, layers = spec.d_model, spec.n_layers
+        return 96.0 * tokens * layers * h * h * (1 + s / (6 * h) + spec.vocab_size / (16 * layers * h))
+    if convention == "6N+attention":
+        return tokens * spec.flops_per_token(s, causal=True)
+    if convention == "6N+attention-full":
+        return tokens * spec.flops_per_token(s, causal=False)
+    if convention == "6N":
+        return tokens * 6.0 * spec.matmul_params()
+    raise UsageError(f"unknown FLOP convention {convention!r}; known: {', '.join(FLOPS_CONVENTIONS)}")
+
+
+def load_dataset(name: str = DATASETS[0]) -> list[PublishedRun]:
+    """The runs of one shipped dataset."""
+    if name not in DATASETS:
+        raise UsageError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+    text = (resources.files("stepscope") / "data" / "validation" / f"{name}.csv").read_text(encoding="utf-8")
+    rows = csv.DictReader(io.StringIO("\n".join(line for line in text.splitlines() if not line.startswith("#"))))
+    return [_narayanan(row, name) if name == "narayanan2021_table1" else _modern(row, name) for row in rows]
+
+
+def _narayanan(row: dict[str, str], name: str) -> PublishedRun:
+    """A Table 1 row with the 2021 software's assumptions (see `validate.py`)."""
+    hidden, layers, heads = int(row["hidden"]), int(row["layers"]), int(row["heads"])
+    model = get_preset("megatron-1.7b", d_model=hidden, n_layers=layers, n_heads=heads, d_ff=4 * hidden)
+    model = model.replace(name=f"gpt-{row['params_billion']}b")
+    workload = Workload(batch=int(row["global_batch"]), seq=2048, precision="fp16", mode="train")
+    plan = ParallelPlan(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), micro_batch=1,
+                        recompute="full", flash_attention=False, dropout=True, fp32_grads=True,
+                        dp_overlap=False, tp_overlap=False, placement=("tp", "dp", "cp", "pp"))
+    return PublishedRun(source=name, model=model, workload=workload, plan=plan,
+                        measured_step_s=float(row["iteration_s"]),
+                        measured_tflops_per_gpu=float(row["tflops_per_gpu"]), label=f"{row['params_billion']}B",
+                        citation="Narayanan et al. 2021, Table 1")
+
+
+def _modern(row: dict[str, str], name: str) -> PublishedRun:
+    """A `modern_runs` row: the plan as published, the measured metric turned into a step time."""
+    model = get_preset(row["model"])
+    workload = Workload(batch=int(row["global_batch"]), seq=int(row["seq"]), precision=row["precision"],
+                        mode="train")
+    plan = ParallelPlan(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), cp=int(row["cp"]),
+                        interleave=int(row["interleave"]), micro_batch=int(row["micro_batch"]),
+                        zero=int(row["zero"]), shard_group=int(row["shard_group"]), recompute=row["recompute"],
+                        sequence_parallel=row["sequence_parallel"] == "yes",
+                        first_stage_layers=int(row["first_stage_layers"]),
+                        last_stage_layers=int(row["last_stage_layers"]), fp8_recipe=row["fp8_recipe"] or "delayed",
+                        tp_overlap=row["tp_overlap"] == "yes")
+    gpus, metric, value = int(row["gpus"]), row["metric"], float(row["value"])
+    convention = row["flops_convention"]
+    flops = run_flops(model, workload, convention)
+    if metric == "tokens_per_s_per_gpu":
+        step_s = workload.batch * workload.seq / (value * gpus)
+    elif metric == "tflops_per_gpu":
+        step_s = flops / (value * 1e12 * gpus)
+    elif metric == "mfu_pct":
+        peak = load_system(row["system"]).accelerator.matrix_peak("bf16")
+        step_s = flops / (value / 100 * peak * gpus)
+    else:
+        raise UsageError(f"{name}: unknown metric {metric!r} in run {row['id']}")
+    return PublishedRun(source=name, model=model, workload=workload, plan=plan, measured_step_s=step_s,
+                        measured_tflops_per_gpu=flops / step_s / gpus / 1e12, label=row["id"], system=row["system"],
+                        citation=row["source"], flops_convention=convention)
