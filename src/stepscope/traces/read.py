@@ -67,6 +67,8 @@ class RankTrace:
 
     @property
     def device_name(self) -> str:
+        if self.device == "CPU":
+            return "CPU"
         props = self.meta.get("deviceProperties")
         if isinstance(props, list) and props and isinstance(props[0], dict) and props[0].get("name"):
             return str(props[0]["name"])
