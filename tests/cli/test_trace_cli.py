@@ -28,3 +28,12 @@ def test_bad_trace_is_exit_2_with_one_line(cli, tmp_path: Path) -> None:
     assert not (tmp_path / "o" / "trace.jsonl").exists()
     code, _, err = cli("trace", tmp_path / "missing.json")
     assert code == 2 and "no such trace" in err
+
+
+def test_compare_trace_records_with_a_prediction(cli, tmp_path: Path) -> None:
+    two_step_rank().write(tmp_path / "rank0.json")
+    assert cli("trace", tmp_path / "rank0.json", "--out", tmp_path / "o", "--no-plot")[0] == 0
+    code, out, err = cli("compare", tmp_path / "o", "--trace", "--model", "small", "--n-layers", "2",
+                         "--global-batch", "4", "--seq", "128", "--system", "A100-80GB", "--out", tmp_path / "o")
+    assert code == 0, err
+    assert "step_predicted_ms" in out and "comm_exposed_measured_ms" in out
