@@ -48,3 +48,8 @@ def test_float_times_are_rounded_inward_as_hta_does(tmp_path: Path) -> None:
     trace = TraceBuilder().kernel(COMPUTE, 0.4, 10.2, launch_at=0).kernel(COMPUTE, 20.5, 4.0, launch_at=1)
     total = analyze(read_trace(trace.write(tmp_path / "t.json"))).total.breakdown
     assert total.span_us == 24 - 1 and total.busy_us == 9 + 3  # [1, 10] and [21, 24]
+
+
+def test_a_kernel_is_categorized_by_its_own_name_not_its_argument_types() -> None:
+    name = "void split_embedding_codegen_forward_kernel<c10::Half>(fbgemm_gpu::TensorAccessor<float>)"
+    assert kernel_category(name) == "memory copy"

@@ -25,7 +25,7 @@ import numpy as np
 
 from stepscope.measure.categories import CATEGORIES
 from stepscope.traces import intervals
-from stepscope.traces.kinds import HTA_TYPES, collective_kind, hta_type, kernel_category
+from stepscope.traces.kinds import HTA_TYPES, collective_kind, core_name, hta_type, kernel_category
 from stepscope.traces.read import RankTrace
 
 COMPUTE, COMM = HTA_TYPES.index("computation"), HTA_TYPES.index("communication")
@@ -245,23 +245,13 @@ def _queue(launch: np.ndarray, end: np.ndarray) -> np.ndarray:
     return np.searchsorted(launches, launch, "right") - np.searchsorted(ends, launch, "right")
 
 
-def shorten(name: str) -> str:
-    """A kernel name without its return type, template and argument lists."""
-    name = name.removeprefix("void ")
-    for mark in ("<", "("):
-        cut = name.find(mark)
-        if cut > 0:
-            name = name[:cut]
-    return name[:100]
-
-
 def _top_kernels(names: list[str], category_of: list[str], name_ids: np.ndarray, dur: np.ndarray,
                  top: int) -> list[dict[str, Any]]:
     totals = np.bincount(name_ids, weights=dur, minlength=len(names))
     counts = np.bincount(name_ids, minlength=len(names))
     busy = float(dur.sum()) or 1.0
     order = np.argsort(-totals)[:top]
-    return [{"kernel": shorten(names[i]), "category": category_of[i], "calls": int(counts[i]),
+    return [{"kernel": core_name(names[i])[:100], "category": category_of[i], "calls": int(counts[i]),
              "total_ms": float(totals[i]) / 1e3, "mean_us": float(totals[i] / counts[i]),
              "kernel_time_pct": 100 * float(totals[i]) / busy} for i in order if counts[i]]
 

@@ -53,15 +53,28 @@ def hta_type(name: str) -> str:
     return "other"
 
 
+def core_name(name: str) -> str:
+    """A kernel name without its return type, template and argument lists (`void f<T>(fbgemm_gpu::X)` -> `f`)."""
+    name = name.removeprefix("void ")
+    for mark in ("<", "("):
+        cut = name.find(mark)
+        if cut > 0:
+            name = name[:cut]
+    return name
+
+
 @lru_cache(maxsize=65536)
 def kernel_category(name: str) -> str:
-    """stepscope's category of a GPU event name: the shared table, then `GPU_RULES`, else `other`."""
-    category = categorize(name)
-    if category is not None:
-        return category
-    for category, pattern in GPU_RULES:
-        if pattern.search(name):
+    """stepscope's category of a GPU event name: the shared table, then `GPU_RULES`, on the kernel's own name
+    first (its template and argument lists name types and namespaces, e.g. `fbgemm_gpu::`, not the work), then on
+    the whole name; else `other`."""
+    for text in dict.fromkeys((core_name(name), name)):
+        category = categorize(text)
+        if category is not None:
             return category
+        for category, pattern in GPU_RULES:
+            if pattern.search(text):
+                return category
     return "other"
 
 
