@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
                          stream_above_MiB=one_value(args.stream_above_MiB, positive_float, "--stream-above-MiB"),
                          launch_bound_share=one_value(args.launch_bound_share, positive_float,
                                                       "--launch-bound-share"),
-                         plot="" if args.no_plot else args.plot, progress=args.progress)
+                         plot="" if args.no_plot else args.plot)
     bar = _ProgressBar(always=args.progress)
     try:
         outcome = run_trace(config, args.out, on_progress=bar.update)
@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         printer.note(f"rank {rank.rank}: {rank.path} ({rank.device}, {rank.events:,} events, "
                      f"{len(rank.steps)} steps)")
     rows = outcome.step_rows()
-    printer.emit(rows, title="per rank and step: GPU time (CPU ops for a CPU trace); step `all`: the rank's totals, HTA's definitions",
+    printer.emit(rows, title="per rank and step: GPU time (CPU ops for a CPU trace); step `all`: the rank's totals, "
+                             "HTA's definitions",
                  columns=[c for c in outcome.step_columns if any(row.get(c) is not None for row in rows)])
     categories = outcome.category_rows()
     printer.emit(categories, title="GPU kernel time by category (% of summed kernel time)",

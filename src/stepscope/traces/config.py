@@ -18,8 +18,6 @@ class TraceConfig:
     of kernels, not with the file. Smaller files are read whole with orjson, which is about twice as fast."""
     plot: str | None = None
     """PNG/SVG/PDF path of the stacked bar per rank-step (None: `<out>/trace.png`; "" or no --out: no plot)."""
-    progress: bool = False
-    """Show a progress bar while reading (useful for large traces)."""
     launch_bound_share: float = 0.5
     """A step is launch-bound when more than this share of its kernels took longer to launch on the CPU than to
     run on the GPU (the GPU then waits for the CPU)."""
