@@ -44,6 +44,8 @@ _API: dict[str, str | tuple[str, str]] = {
     "CompareConfig": "stepscope.perfmodel.compare", "run_compare": "stepscope.perfmodel.compare",
     "ValidateConfig": "stepscope.perfmodel.validate", "run_validate": "stepscope.perfmodel.validate",
     "CalibrateConfig": "stepscope.perfmodel.calibrate_run", "run_calibrate": "stepscope.perfmodel.calibrate_run",
+    # analyse: PyTorch profiler traces of real runs
+    "TraceConfig": "stepscope.traces.config", "run_trace": "stepscope.traces.run",
     # in-network aggregation (`stepscope innet ...`): the innet names say so, as `ProfileConfig` is taken
     "InnetBenchConfig": ("stepscope.innet.bench", "BenchConfig"),
     "run_innet_bench": ("stepscope.innet.bench", "run_bench"),

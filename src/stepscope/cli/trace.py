@@ -1,0 +1,106 @@
+"""`stepscope trace`: analyse PyTorch profiler (Kineto) traces of real runs, one file per rank.
+The work and the records: `stepscope.traces.run.run_trace`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from stepscope.cli.options import (
+    add_config_option,
+    add_output_options,
+    add_plot_options,
+    one_value,
+    positive_float,
+    positive_int,
+)
+from stepscope.traces.config import TraceConfig
+
+NAME = "trace"
+HELP = "analyse PyTorch profiler traces of GPU runs: per rank and step, across ranks"
+DESCRIPTION = ("Read Kineto traces (.json / .json.gz, one file per rank of one job; folders are read for them) and "
+               "report per rank and ProfilerStep: GPU time by category, idle / compute / non-compute time (as "
+               "HolisticTraceAnalysis defines them), communication exposed and overlapped, launch overhead, top "
+               "kernels and CPU ops; across ranks: step time per rank, spread, the slowest rank and the time spent "
+               "waiting for it. Traces of stepscope's own `profile --trace` (CPU) are read the same way.")
+
+PROGRESS_ABOVE_MiB = 64
+"""Inputs larger than this show a progress bar on a terminal without --progress."""
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="trace files or folders of them (one file per rank)")
+    group = parser.add_argument_group("analysis")
+    add_config_option(group, TraceConfig, "--top", "rows of the top-kernels and top-CPU-ops tables")
+    add_config_option(group, TraceConfig, "--stream-above-MiB", "parse larger files as a stream (memory grows with "
+                      "the number of kernels, not the file)", field="stream_above_MiB")
+    add_config_option(group, TraceConfig, "--launch-bound-share", "a step is launch-bound when more than this share "
+                      "of its kernels took longer to launch than to run")
+    group.add_argument("--progress", action="store_true", help="show a progress bar while reading")
+    add_output_options(parser, resume=False)
+    add_plot_options(parser, "trace.png")
+
+
+def run(args: argparse.Namespace) -> int:
+    from stepscope.cli.output import Printer
+    from stepscope.traces.run import run_trace
+
+    config = TraceConfig(paths=tuple(args.paths), top=one_value(args.top, positive_int, "--top"),
+                         stream_above_MiB=one_value(args.stream_above_MiB, positive_float, "--stream-above-MiB"),
+                         launch_bound_share=one_value(args.launch_bound_share, positive_float,
+                                                      "--launch-bound-share"),
+                         plot="" if args.no_plot else args.plot)
+    bar = _ProgressBar(always=args.progress)
+    try:
+        outcome = run_trace(config, args.out, on_progress=bar.update)
+    finally:
+        bar.close()
+    printer = Printer(args.format)
+    for rank in outcome.ranks:
+        printer.note(f"rank {rank.rank}: {rank.path} ({rank.device}, {rank.events:,} events, "
+                     f"{len(rank.steps)} steps)")
+    rows = outcome.step_rows()
+    printer.emit(rows, title="per rank and step: GPU time (CPU ops for a CPU trace); step `all`: the rank's totals, "
+                             "HTA's definitions",
+                 columns=[c for c in outcome.step_columns if any(row.get(c) is not None for row in rows)])
+    categories = outcome.category_rows()
+    printer.emit(categories, title="GPU kernel time by category (% of summed kernel time)",
+                 columns=[c for c in categories[0] if c in ("rank", "step") or any(r[c] for r in categories)])
+    if outcome.collective_rows():
+        printer.emit(outcome.collective_rows(), title="collectives")
+    if outcome.steps:
+        printer.emit(outcome.rank_step_ms(), title="GPU step time per rank (ms)")
+        printer.emit(outcome.straggler_rows(), title="across ranks: spread, slowest rank, waiting for it")
+    printer.emit(outcome.top_rows("kernels"), title=f"top {config.top} kernels per rank")
+    printer.emit(outcome.top_rows("cpu_ops"), title=f"top {config.top} CPU ops per rank (inclusive time)")
+    if outcome.plot is not None:
+        printer.note(f"plot: {outcome.plot}")
+    if outcome.path is not None:
+        printer.note(f"records: {outcome.path}")
+    return 0
+
+
+class _ProgressBar:
+    """A rich progress bar on stderr: with --progress, or on a terminal for large inputs."""
+
+    def __init__(self, always: bool) -> None:
+        self.always = always
+        self._progress = None
+        self._task = None
+
+    def update(self, done: int, total: int) -> None:
+        if self._progress is None:
+            if not (self.always or (sys.stderr.isatty() and total > PROGRESS_ABOVE_MiB * 2**20)):
+                return
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+            self._progress = Progress("reading traces", BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                                      console=Console(stderr=True), transient=True)
+            self._progress.start()
+            self._task = self._progress.add_task("traces", total=total)
+        self._progress.update(self._task, completed=done)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()

@@ -1,0 +1,107 @@
+"""Put the measured steps of GPU traces (`stepscope trace` records) next to the prediction of the run's model,
+plan and system: step time, and its split into computation and exposed communication.
+
+The trace's split is HTA's: compute = the union of computation kernels; exposed communication = communication
+kernel time not under a computation kernel; idle = GPU time with no kernel at all (the model predicts none, so it
+shows as step time the prediction misses). The model's: compute = forward, backward, recompute and optimizer work;
+exposed communication = the tp, cp, pp and dp collectives it does not hide; bubble = pipeline idle.
+Per rank, the median over its steps. Appends one `compare` record per rank (`source: trace`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from stepscope.errors import UsageError
+from stepscope.perfmodel.evaluate import Prediction, evaluate
+from stepscope.perfmodel.records import matches, parse_where
+from stepscope.perfmodel.runs import DEFAULT_SYSTEM, RunRecords, SystemLike, system_of
+from stepscope.results.store import DEFAULT_OUT, read_records
+from stepscope.spec import ModelSpec, Workload
+from stepscope.spec.plan import ParallelPlan
+
+COMM_CAUSES = ("tp_comm", "cp_comm", "pp_comm", "dp_comm")
+COMPUTE_CAUSES = ("forward_compute", "backward_compute", "recompute", "optimizer")
+MEASURED = ("step_ms", "compute_ms", "comm_exposed_ms", "idle_ms")
+
+
+@dataclass(frozen=True)
+class TraceCompareConfig:
+    """Which trace records, and the run they came from (model, global workload, plan, system)."""
+
+    model: ModelSpec
+    workload: Workload
+    plan: ParallelPlan
+    records: tuple[str, ...] = (DEFAULT_OUT,)
+    """Record files or folders holding `trace` records."""
+    where: tuple[str, ...] = ()
+    """Filters `FIELD=VALUE[,VALUE]` on the records' config (e.g. rank=0)."""
+    system: SystemLike = DEFAULT_SYSTEM
+
+
+def predicted_split(prediction: Prediction) -> dict[str, float]:
+    """The prediction in the trace's terms (ms)."""
+    causes = prediction.breakdown
+    return {"step_ms": 1e3 * prediction.step_s,
+            "compute_ms": 1e3 * sum(causes.get(c, 0.0) for c in COMPUTE_CAUSES),
+            "comm_exposed_ms": 1e3 * sum(causes.get(c, 0.0) for c in COMM_CAUSES),
+            "bubble_ms": 1e3 * causes.get("bubble", 0.0)}
+
+
+def measured_by_rank(records: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """rank -> median over its steps of step, compute, exposed communication and idle time (ms)."""
+    by_rank: dict[int, list[dict[str, Any]]] = {}
+    for record in records:
+        by_rank.setdefault(int(record["config"].get("rank", 0)), []).append(record["metrics"])
+    return {rank: {"steps": len(rows), **{k: median(float(r[k]) for r in rows) for k in MEASURED}}
+            for rank, rows in sorted(by_rank.items())}
+
+
+@dataclass(frozen=True)
+class TraceCompareOutcome:
+    prediction: Prediction
+    measured: dict[int, dict[str, float]]
+    path: Path | None = None
+    rows_: list[dict[str, Any]] = field(default_factory=list)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return self.rows_
+
+
+def run_trace_compare(config: TraceCompareConfig, out: str | os.PathLike | None = None) -> TraceCompareOutcome:
+    """Predict the traced run and put each rank's measured step next to it; one `compare` record per rank in
+    `<out>/compare.jsonl` (None: none). No `trace` step record is a UsageError, before any output."""
+    system = system_of(config.system)
+    where = parse_where(config.where)
+    steps = [r for path in config.records for r in read_records(path)
+             if r.get("kind") == "trace" and (r.get("config") or {}).get("record") == "step"
+             and r.get("status") == "ok" and matches(r, where)]
+    if not steps:
+        raise UsageError(f"no trace step records in {', '.join(map(str, config.records))} (write them with "
+                         "`stepscope trace ... --out`; a trace without ProfilerStep ranges has none)")
+    config.plan.check(config.model, config.workload.batch, config.workload.seq, None)
+    prediction = evaluate(config.model, config.workload, config.plan, system)
+    predicted = predicted_split(prediction)
+    measured = measured_by_rank(steps)
+    records = RunRecords(out, "compare")
+    rows = []
+    for rank, values in measured.items():
+        plan = config.plan
+        row: dict[str, Any] = {"rank": rank, "steps": values["steps"], "model": config.model.name,
+                               "plan": f"dp{plan.dp} tp{plan.tp} pp{plan.pp} cp{plan.cp} mb{plan.micro_batch}"}
+        for key in ("step_ms", "compute_ms", "comm_exposed_ms"):
+            row[key.replace("_ms", "_measured_ms")] = values[key]
+            row[key.replace("_ms", "_predicted_ms")] = predicted[key]
+        row["idle_measured_ms"] = values["idle_ms"]
+        row["bubble_predicted_ms"] = predicted["bubble_ms"]
+        row["step_error_pct"] = 100 * (predicted["step_ms"] - values["step_ms"]) / values["step_ms"]
+        rows.append({k: v for k, v in row.items() if v is not None})
+        records.append({"source": "trace", "rank": rank, "model": config.model.name, **config.workload.to_dict(),
+                        "plan": config.plan.to_dict(),
+                        "system": system.name, "model_spec": config.model.to_dict()},
+                       {k: v for k, v in row.items() if k.endswith(("_ms", "_pct"))})
+    return TraceCompareOutcome(prediction, measured, records.path, rows)

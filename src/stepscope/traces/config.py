@@ -1,0 +1,23 @@
+"""What `stepscope trace` analyses and how: each default is defined once, here. No torch, no numpy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    """Trace files (or folders of them) of one job, one file per rank, and what to report."""
+
+    paths: tuple[str, ...] = ()
+    """`.json` / `.json.gz` files or folders holding them (one file per rank)."""
+    top: int = 10
+    """Rows of the top-kernels and top-CPU-ops tables."""
+    stream_above_MiB: float = 256.0
+    """Files whose JSON text is larger than this are parsed as a stream (ijson): memory then grows with the number
+    of kernels, not with the file. Smaller files are read whole with orjson, which is about twice as fast."""
+    plot: str | None = None
+    """PNG/SVG/PDF path of the stacked bar per rank-step (None: `<out>/trace.png`; "" or no --out: no plot)."""
+    launch_bound_share: float = 0.5
+    """A step is launch-bound when more than this share of its kernels took longer to launch on the CPU than to
+    run on the GPU (the GPU then waits for the CPU)."""

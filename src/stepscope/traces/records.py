@@ -1,0 +1,90 @@
+"""The rows `stepscope trace` prints and the `trace` records it writes, from the analysed ranks.
+
+One record kind, `trace`, whose config field `record` says what it is: `rank` (the whole trace, HTA's numbers),
+`step` (one rank-step), `category` (one category of one rank-step), `collective`, `straggler` (one step across
+ranks), `kernel` and `cpu_op` (the top ones of a rank). `compare` reads the `step` records as measured steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepscope.measure.categories import CATEGORIES
+from stepscope.traces.analyze import RankAnalysis, Window
+from stepscope.traces.ranks import StepAcrossRanks
+
+STEP_COLUMNS = ["rank", "step", "step_ms", "cpu_step_ms", "idle_pct", "compute_pct", "non_compute_pct", "comm_ms",
+                "comm_exposed_ms", "comm_overlap_pct", "kernels", "launch_bound_kernels", "launch_bound", "queue_mean",
+                "queue_max"]
+CATEGORY_COLUMNS = ["rank", "step", *[f"{c.replace(' ', '_')}_pct" for c in CATEGORIES]]
+
+
+def _label(window: Window) -> Any:
+    return "all" if window.step is None else window.step
+
+
+def step_rows(ranks: list[RankAnalysis], launch_bound_share: float) -> list[dict[str, Any]]:
+    """Per rank: each step, then the rank's totals (`all`: HTA's temporal breakdown and overlap)."""
+    rows = []
+    for rank in ranks:
+        for window in [*rank.steps, rank.total]:
+            rows.append({"rank": rank.rank, "step": _label(window), **window.metrics(launch_bound_share)})
+    return rows
+
+
+def collective_rows(ranks: list[RankAnalysis]) -> list[dict[str, Any]]:
+    rows = []
+    for rank in ranks:
+        for window in [*rank.steps, rank.total]:
+            for kind, (calls, total) in sorted(window.collectives.items()):
+                rows.append({"rank": rank.rank, "step": _label(window), "collective": kind, "calls": int(calls),
+                             "total_ms": total / 1e3, "mean_us": total / calls})
+    return rows
+
+
+def top_rows(ranks: list[RankAnalysis], what: str) -> list[dict[str, Any]]:
+    """`kernels` or `cpu_ops`: each rank's top entries by total time."""
+    return [{"rank": rank.rank, **row} for rank in ranks
+            for row in (rank.top_kernels if what == "kernels" else rank.top_cpu_ops)]
+
+
+def straggler_rows(steps: list[StepAcrossRanks]) -> list[dict[str, Any]]:
+    return [step.row() for step in steps]
+
+
+def rank_step_ms(steps: list[StepAcrossRanks]) -> list[dict[str, Any]]:
+    """One row per step, one column per rank: the step time each rank saw."""
+    return [{"step": s.step, **{f"rank{r}_ms": ms for r, ms in sorted(s.step_ms.items())}} for s in steps]
+
+
+def build_records(ranks: list[RankAnalysis], steps: list[StepAcrossRanks],
+                  launch_bound_share: float) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(config, metrics) of every record, in the order they are written."""
+    out: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for rank in ranks:
+        base = {"file": str(rank.path), "rank": rank.rank, "world_size": rank.world_size or len(ranks),
+                "device": rank.device}
+        out.append(({"record": "rank", **base, "step": "all", "events": rank.events},
+                    rank.total.metrics(launch_bound_share)))
+        for window in rank.steps:
+            out.append(({"record": "step", **base, "step": window.step}, window.metrics(launch_bound_share)))
+        for window in [*rank.steps, rank.total]:
+            total = sum(window.categories.values()) or 1.0
+            for category, us in window.categories.items():
+                out.append(({"record": "category", **base, "step": _label(window), "category": category},
+                            {"time_ms": us / 1e3, "kernel_time_pct": 100 * us / total}))
+            for kind, (calls, us) in window.collectives.items():
+                out.append(({"record": "collective", **base, "step": _label(window), "collective": kind},
+                            {"calls": int(calls), "time_ms": us / 1e3}))
+        for row in rank.top_kernels:
+            out.append(({"record": "kernel", **base, "kernel": row["kernel"], "category": row["category"]},
+                        {k: v for k, v in row.items() if k not in ("kernel", "category")}))
+        for row in rank.top_cpu_ops:
+            out.append(({"record": "cpu_op", **base, "cpu_op": row["cpu_op"]},
+                        {k: v for k, v in row.items() if k != "cpu_op"}))
+    files = sorted(str(r.path) for r in ranks)
+    for step in steps:
+        row = step.row()
+        out.append(({"record": "straggler", "files": files, "world_size": ranks[0].world_size or len(ranks),
+                     "step": step.step}, {k: v for k, v in row.items() if k != "step"}))
+    return out
