@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from stepscope.cli.options import add_config_option, add_output_options, one_value, parse_list
+from stepscope.cli.options import add_config_option, add_output_options, choice, one_value, parse_list
 from stepscope.cli.options.perfmodel import add_records_options, add_system_option
+from stepscope.errors import UsageError
 from stepscope.perfmodel.calibrate import MAX_EFFICIENCY_LIMIT
 from stepscope.perfmodel.calibrate_run import CalibrateConfig
+from stepscope.perfmodel.published import DATASETS
 
 NAME = "calibrate"
 HELP = "fit a system TOML to measured step/attention/comm records"
@@ -29,12 +31,20 @@ def add_options(parser: argparse.ArgumentParser) -> None:
             ("--max-efficiency", "cap of the efficiency curve, as a fraction of the measured large-GEMM rate; at "
                                  f"most {MAX_EFFICIENCY_LIMIT:g}, a margin for a peak measurement that ran slow")):
         add_config_option(parser, CalibrateConfig, option, help_text)
+    published = parser.add_argument_group("from published end-to-end runs instead of records")
+    published.add_argument("--published", default=None, metavar="DATASET",
+                           help=f"fit the efficiency of the runs' system to some runs of a shipped dataset "
+                                f"({', '.join(DATASETS)}) and predict its other runs")
+    published.add_argument("--runs", default=None, help="run labels to fit (comma list; with --published)")
     add_output_options(parser, resume=False)
 
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
     from stepscope.perfmodel.calibrate_run import run_calibrate
+
+    if args.published is not None:
+        return run_published(args)
 
     config = CalibrateConfig(records=tuple(args.records), where=tuple(args.where), base=args.base,
                              system_out=args.system_out, name=args.name,
@@ -48,6 +58,25 @@ def run(args: argparse.Namespace) -> int:
     printer.emit(outcome.fit_error(), title="fit error on the calibration records themselves (in-sample)")
     for note in outcome.notes():
         printer.note(note)
+    printer.note(f"system: {outcome.system_out}  (use it with --system {outcome.system_out})")
+    printer.note(f"records: {outcome.path}")
+    return 0
+
+
+def run_published(args: argparse.Namespace) -> int:
+    """`--published DATASET --runs ...`: one efficiency factor from end-to-end runs, the others predicted."""
+    from stepscope.cli.output import Printer
+    from stepscope.perfmodel.calibrate_published import PublishedCalibrationConfig, run_calibrate_published
+
+    if args.runs is None:
+        raise UsageError("--published needs --runs (the run labels to fit)")
+    config = PublishedCalibrationConfig(dataset=one_value(args.published, choice(*DATASETS), "--published"),
+                                        runs=tuple(parse_list(args.runs, str, "--runs")), system_out=args.system_out)
+    outcome = run_calibrate_published(config, args.out)
+    printer = Printer(args.format)
+    printer.note(f"{outcome.base.name}: efficiency curve x {outcome.factor:.4f}, fitted to {', '.join(config.runs)}")
+    printer.emit(outcome.rows, title="every run of that system: error before (base) and after (fitted)")
+    printer.emit(outcome.summary(), title="fit (in-sample) and held-out (out-of-sample) error")
     printer.note(f"system: {outcome.system_out}  (use it with --system {outcome.system_out})")
     printer.note(f"records: {outcome.path}")
     return 0

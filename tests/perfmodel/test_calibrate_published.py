@@ -1,0 +1,56 @@
+"""Calibrating from published end-to-end runs: one efficiency factor fitted to a few runs of one system lowers
+their error, the other runs of that system are predicted with it, bad run names are one clear line."""
+
+import math
+
+import pytest
+
+from stepscope.errors import UsageError
+from stepscope.perfmodel.calibrate_published import (
+    PublishedCalibrationConfig,
+    fit_factor,
+    log_error,
+    run_calibrate_published,
+    scaled,
+)
+from stepscope.perfmodel.published import load_dataset
+from stepscope.results.store import read_records
+from stepscope.spec.system import load_system
+
+
+def test_the_fitted_factor_minimizes_the_log_error_of_the_fitting_runs():
+    runs = {r.label: r for r in load_dataset("narayanan2021_table1")}
+    fitting = [runs["39.1B"], runs["145.6B"]]
+    base = load_system("A100-80GB")
+    factor = fit_factor(fitting, base)
+    loss = [sum(log_error(r, scaled(base, f)) ** 2 for r in fitting) for f in (factor * 0.97, factor, factor * 1.03)]
+    assert loss[1] <= min(loss[0], loss[2])  # a minimum, not a boundary of the search
+    assert loss[1] < sum(log_error(r, base) ** 2 for r in fitting)
+    # the curve is scaled knot by knot and capped
+    curve = scaled(base, 10.0).accelerator.matrix_efficiency_by_GFLOP
+    assert [eff for _, eff in curve] == [min(0.95, 10 * eff) for _, eff in base.accelerator.matrix_efficiency_by_GFLOP]
+    assert max(eff for _, eff in curve) == 0.95
+
+
+def test_run_calibrate_published_writes_the_system_and_predicts_the_held_out_runs(tmp_path):
+    config = PublishedCalibrationConfig(dataset="narayanan2021_table1", runs=("39.1B", "145.6B"),
+                                        system_out=str(tmp_path / "fitted.toml"))
+    outcome = run_calibrate_published(config, tmp_path / "out")
+    assert (tmp_path / "fitted.toml").read_text().startswith("#")
+    roles = [row["role"] for row in outcome.rows]
+    assert roles.count("fit") == 2 and roles.count("held out") == 8
+    fit, held = outcome.summary()
+    assert fit["fitted_median_abs_error_pct"] <= fit["base_median_abs_error_pct"]
+    # the base errors are the validate errors of those runs
+    row = next(r for r in outcome.rows if r["run"] == "1.7B")
+    run = next(r for r in load_dataset("narayanan2021_table1") if r.label == "1.7B")
+    assert row["base_error_pct"] == pytest.approx(100 * math.expm1(log_error(run, load_system("A100-80GB"))))
+    (record,) = read_records(tmp_path / "out")
+    assert record["kind"] == "calibrate-published" and record["metrics"]["efficiency_factor"] == outcome.factor
+
+
+def test_unknown_runs_are_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(UsageError, match="unknown: 2T"):
+        run_calibrate_published(PublishedCalibrationConfig(dataset="narayanan2021_table1", runs=("2T",),
+                                                           system_out=str(tmp_path / "x.toml")), tmp_path / "out")
+    assert not (tmp_path / "x.toml").exists() and not (tmp_path / "out").exists()
