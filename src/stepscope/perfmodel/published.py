@@ -95,6 +95,8 @@ def _narayanan(row: dict[str, str], name: str) -> PublishedRun:
 def _modern(row: dict[str, str], name: str) -> PublishedRun:
     """A `modern_runs` row: the plan as published, the measured metric turned into a step time."""
     model = get_preset(row["model"])
+    if int(row["seq"]) > model.context_length:  # a long-context stage of the same model (rotary: no new weights)
+        model = model.replace(context_length=int(row["seq"]))
     workload = Workload(batch=int(row["global_batch"]), seq=int(row["seq"]), precision=row["precision"],
                         mode="train")
     plan = ParallelPlan(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), cp=int(row["cp"]),
