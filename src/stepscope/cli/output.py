@@ -115,3 +115,31 @@ def memory_header(config: Any, result: Any) -> str:
     if result.snapshot_path is not None:
         text += f"\nsnapshot: {result.snapshot_path}"
     return text
+
+
+class ProgressBar:
+    """A rich progress bar on stderr, started by the first update whose total `wanted` accepts (a short job
+    finishes before a bar would help); counts items or bytes."""
+
+    def __init__(self, label: str, *, unit: str = "items", wanted: Callable[[int], bool] = lambda total: True) -> None:
+        self.label, self.unit, self.wanted = label, unit, wanted
+        self._progress = None
+        self._task = None
+
+    def update(self, done: int, total: int) -> None:
+        if self._progress is None:
+            if not self.wanted(total):
+                return
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+            counter = DownloadColumn() if self.unit == "bytes" else MofNCompleteColumn()
+            self._progress = Progress(self.label, BarColumn(), counter, TimeRemainingColumn(),
+                                      console=Console(stderr=True), transient=True)
+            self._progress.start()
+            self._task = self._progress.add_task(self.label, total=total)
+        self._progress.update(self._task, completed=done)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()

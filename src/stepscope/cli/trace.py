@@ -42,7 +42,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepscope.cli.output import Printer
+    from stepscope.cli.output import Printer, ProgressBar
     from stepscope.traces.run import run_trace
 
     config = TraceConfig(paths=tuple(args.paths), top=one_value(args.top, positive_int, "--top"),
@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
                          launch_bound_share=one_value(args.launch_bound_share, positive_float,
                                                       "--launch-bound-share"),
                          plot="" if args.no_plot else args.plot)
-    bar = _ProgressBar(always=args.progress)
+    bar = ProgressBar("reading traces", unit="bytes", wanted=lambda total: args.progress or (
+        sys.stderr.isatty() and total > PROGRESS_ABOVE_MiB * 2**20))
     try:
         outcome = run_trace(config, args.out, on_progress=bar.update)
     finally:
@@ -78,29 +79,3 @@ def run(args: argparse.Namespace) -> int:
     if outcome.path is not None:
         printer.note(f"records: {outcome.path}")
     return 0
-
-
-class _ProgressBar:
-    """A rich progress bar on stderr: with --progress, or on a terminal for large inputs."""
-
-    def __init__(self, always: bool) -> None:
-        self.always = always
-        self._progress = None
-        self._task = None
-
-    def update(self, done: int, total: int) -> None:
-        if self._progress is None:
-            if not (self.always or (sys.stderr.isatty() and total > PROGRESS_ABOVE_MiB * 2**20)):
-                return
-            from rich.console import Console
-            from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
-
-            self._progress = Progress("reading traces", BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                                      console=Console(stderr=True), transient=True)
-            self._progress.start()
-            self._task = self._progress.add_task("traces", total=total)
-        self._progress.update(self._task, completed=done)
-
-    def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()

@@ -27,7 +27,6 @@ from stepscope.spec.plan import ParallelPlan
 from stepscope.spec.system import load_system
 
 DATASETS = ("narayanan2021_table1", "modern_runs")
-FLOPS_CONVENTIONS = ("6N+attention", "6N+attention-full", "6N")
 
 
 @dataclass(frozen=True)
@@ -51,6 +50,9 @@ class PublishedRun:
     def published_flops(self) -> float:
         """FLOPs per iteration as the source counts them."""
         return run_flops(self.model, self.workload, self.flops_convention)
+
+
+FLOPS_CONVENTIONS = ("6N+attention", "6N+attention-full", "6N")
 
 
 def run_flops(spec: ModelSpec, workload: Workload, convention: str) -> float:

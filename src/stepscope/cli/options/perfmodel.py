@@ -1,6 +1,7 @@
 """The performance model's options, declared once for `predict`, `plan`, `compare`, `validate` and `calibrate`:
-`--system`, the workload and execution switches of a modelled step, one parallel plan (`plan_from_args`), and
-the measured records a command reads (the `records` positional and `--where`). Defaults come from the config
+`--system`, the workload and execution switches of a modelled step, one parallel plan (`plan_from_args`), `plan`'s
+search space (`space_from_args`), and the measured records a command reads (the `records` positional and
+`--where`). Defaults come from the config
 dataclasses they fill (`ParallelPlan`, `ModelledWorkload`, the perfmodel run configs)."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from stepscope.cli.options import (
 )
 from stepscope.errors import UsageError
 from stepscope.perfmodel.runs import ModelledWorkload
+from stepscope.perfmodel.search import SearchSpace
 from stepscope.spec import MODELLED_PRECISIONS, MODES, ModelSpec, Workload
 from stepscope.spec.plan import FP8_RECIPES, RECOMPUTE, ParallelPlan
 from stepscope.spec.system import list_systems
@@ -126,3 +128,52 @@ def add_records_options(parser: argparse.ArgumentParser, config: type) -> None:
     parser.add_argument("--where", action="append", default=list(field_default(config, "where")),
                         metavar="FIELD=VALUES", help="only records whose config FIELD (dotted, e.g. "
                         "model_spec.n_layers) has one of VALUES; repeatable")
+
+
+def add_search_options(parser: argparse.ArgumentParser) -> None:
+    """The search space of `plan` (`SearchSpace`; its defaults)."""
+    group = parser.add_argument_group("search space (comma lists; default: every value that can be valid)")
+    for name, default in (("tp", "divisors of --gpus"), ("pp", "divisors of --gpus"), ("cp", "divisors of --gpus"),
+                          ("micro-batch", "divisors of --global-batch")):
+        group.add_argument(f"--{name}", default=config_default(SearchSpace, name.replace("-", "_")),
+                           help=f"{name} values to try (default {default})")
+    for option, help_text, field in (("--interleave", "interleave values to try", None),
+                                     ("--zero", "ZeRO stages to try", None),
+                                     ("--recompute", "recompute modes to try", None),
+                                     ("--sequence-parallel", "sequence parallelism: no, yes, or no,yes", None),
+                                     ("--flash", "fused flash attention: yes, no, or no,yes", "flash_attention"),
+                                     ("--shard-group", "ZeRO/FSDP shard group sizes to try (0: all dp x cp ranks; "
+                                      "smaller: HSDP)", None),
+                                     ("--uneven-stages", "also try first/last stages one layer shorter: yes|no", None),
+                                     ("--reshard-after-forward", "ZeRO-3/FSDP gathers weights again for backward: "
+                                      "yes|no", None),
+                                     ("--fp8-recipe", f"scaling of fp8 GEMMs with --precision fp8: "
+                                      f"{'|'.join(FP8_RECIPES)}", None)):
+        add_config_option(group, SearchSpace, option, help_text, field=field)
+    group.add_argument("--no-placements", action="store_true",
+                       help="only Megatron's rank order (tp, cp, dp, pp) instead of every placement")
+
+
+def space_from_args(args: argparse.Namespace) -> SearchSpace:
+    """The search space options as a `SearchSpace`."""
+
+    def ints(option: str, text: str | None) -> tuple[int, ...] | None:
+        return None if text is None else tuple(parse_list(text, positive_int, option))
+
+    def switches(option: str, text: str) -> tuple[bool, ...]:
+        return tuple(yes_no(v, option) for v in parse_list(text, str, option))
+
+    zero = tuple(parse_list(args.zero, int, "--zero"))
+    if any(z not in (0, 1, 2, 3) for z in zero):
+        raise UsageError(f"--zero values must be 0, 1, 2 or 3, got {args.zero}")
+    return SearchSpace(tp=ints("--tp", args.tp), pp=ints("--pp", args.pp), cp=ints("--cp", args.cp),
+                       micro_batch=ints("--micro-batch", args.micro_batch),
+                       interleave=ints("--interleave", args.interleave),
+                       zero=zero, recompute=tuple(parse_list(args.recompute, choice(*RECOMPUTE), "--recompute")),
+                       sequence_parallel=switches("--sequence-parallel", args.sequence_parallel),
+                       flash_attention=switches("--flash", args.flash), placements=not args.no_placements,
+                       shard_group=tuple(parse_list(args.shard_group, non_negative_int, "--shard-group")),
+                       uneven_stages=yes_no(args.uneven_stages, "--uneven-stages"),
+                       reshard_after_forward=yes_no(args.reshard_after_forward, "--reshard-after-forward"),
+                       fp8_recipe=one_value(args.fp8_recipe, choice(*FP8_RECIPES), "--fp8-recipe"),
+                       **switches_from_args(args))
