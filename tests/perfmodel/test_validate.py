@@ -55,6 +55,11 @@ def test_the_modern_runs_carry_their_source_and_their_published_rate():
         assert row["source"].strip() and run.plan.gpus == int(row["gpus"])
         if row["metric"] == "tflops_per_gpu":  # the step time reproduces the published rate
             assert run.measured_tflops_per_gpu == pytest.approx(float(row["value"]), rel=1e-12)
+        if row["metric"] == "step_time_s":
+            assert run.measured_step_s == float(row["value"])
+        if row["metric"] == "tokens_per_s_per_gpu":
+            tokens = run.workload.batch * run.workload.seq
+            assert tokens / run.measured_step_s / run.plan.gpus == pytest.approx(float(row["value"]), rel=1e-12)
     llama = next(r for r in runs if r.label == "llama3-405b-16k-gpus")
     assert llama.plan.stage_layers(126) == (7, 8, 7) and llama.plan.interleave == 8
     # 16M tokens per step as published: 2,048 sequences of 8,192

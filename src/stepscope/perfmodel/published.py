@@ -7,7 +7,7 @@ Two datasets ship in `stepscope/data/validation/`:
   parallelism), one row per run with its source and the exact configuration the source gives; what a source
   does not give is stated in the row's notes as an assumption, never fitted.
 
-A source publishes tokens/s per GPU, TFLOP/s per GPU or MFU; each becomes a measured step time:
+A source publishes a step time, tokens/s per GPU, TFLOP/s per GPU or MFU; each becomes a measured step time:
 B·s / (tokens/s/GPU · GPUs), or the run's FLOPs / (rate · GPUs) with the FLOPs counted as the source counts
 them (`flops_convention`: `6N+attention` is stepscope's `ModelSpec.flops_per_token` with causal attention
 counted half, `6N+attention-full` with the full s x s square, as Megatron's and Meta's MFU do; `6N` without
@@ -115,6 +115,8 @@ def _modern(row: dict[str, str], name: str) -> PublishedRun:
         step_s = workload.batch * workload.seq / (value * gpus)
     elif metric == "tflops_per_gpu":
         step_s = flops / (value * 1e12 * gpus)
+    elif metric == "step_time_s":
+        step_s = value
     elif metric == "mfu_pct":
         peak = load_system(row["system"]).accelerator.matrix_peak("bf16")
         step_s = flops / (value / 100 * peak * gpus)
