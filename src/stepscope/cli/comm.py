@@ -14,8 +14,10 @@ from stepscope.cli.options import (
     add_config_option,
     add_output_options,
     add_plot_options,
+    add_seed_option,
     choice,
     config_default,
+    non_negative_float,
     non_negative_int,
     one_value,
     optional_value,
@@ -30,9 +32,9 @@ from stepscope.results.views import FORMATS
 
 NAME = "comm"
 HELP = "benchmark collectives per backend and world size (nccl-tests conventions)"
-DESCRIPTION = ("Time collectives (all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, barrier) "
-               "on gloo, nccl, mpi (mpi4py under mpiexec) or oneccl, with nccl-tests' algbw/busbw and a correctness "
-               "check per size. Comma lists sweep.")
+DESCRIPTION = ("Time collectives (all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, "
+               "all_to_allv, barrier) on gloo, nccl, mpi (mpi4py under mpiexec) or oneccl, with nccl-tests' "
+               "algbw/busbw and a correctness check per size. Comma lists sweep.")
 
 
 ALL = "all"
@@ -55,6 +57,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     option("--iters", "timed calls per point")
     option("--warmup", "untimed calls per point before timing")
     option("--root", "root rank of broadcast and reduce")
+    option("--skew", "all_to_allv: Zipf exponent(s) of the token-per-expert popularity that splits each rank's "
+           "send buffer unevenly (0: the equal all_to_all split)", field="skews")
+    add_seed_option(what, CommConfig, help="all_to_allv: which ranks are hot (the split matrix follows from it)")
     what.add_argument("--threads", default=None, help="CPU threads per rank (default: cores / ranks)")
     add_launch_options(what, CommConfig, backend_field="backends",
                        backends="gloo|nccl|mpi|oneccl|horovod, or auto: nccl when every rank has a GPU, else gloo",
@@ -89,6 +94,7 @@ def build_config(args: argparse.Namespace) -> CommConfig:
         iters=one_value(args.iters, positive_int, "--iters"),
         warmup=one_value(args.warmup, non_negative_int, "--warmup"),
         root=one_value(args.root, non_negative_int, "--root"),
+        skews=tuple(dict.fromkeys(parse_list(args.skew, non_negative_float, "--skew"))), seed=args.seed,
         threads=optional_value(args.threads, positive_int, "--threads"),
         timeout_s=one_value(args.timeout, positive_float, "--timeout"), tally=args.tally)
 

@@ -11,7 +11,8 @@ from stepscope.distributed.collectives.rank import FAIL_RANK_ENV
 from stepscope.results.store import read_records
 
 # torch's API has only one form of these: the other placement is an `unsupported` row
-TORCH_UNSUPPORTED = {("all_reduce", False), ("broadcast", False), ("reduce", False), ("all_to_all", True)}
+TORCH_UNSUPPORTED = {("all_reduce", False), ("broadcast", False), ("reduce", False), ("all_to_all", True),
+                     ("all_to_allv", True)}
 
 
 def test_every_op_is_correct_on_2_and_3_ranks_with_tallies(cli, tmp_path):
@@ -22,8 +23,8 @@ def test_every_op_is_correct_on_2_and_3_ranks_with_tallies(cli, tmp_path):
     assert code == 0, stderr
     records = read_records(out / "comm.jsonl")
     points = [r for r in records if r["config"]["record"] == "point"]
-    # 6 sized ops x 2 sizes x 2 modes x 2 placements + 2 barriers, per world size
-    assert len(points) == 2 * (6 * 2 * 2 * 2 + 2)
+    # 7 sized ops (all_to_allv at the default skew) x 2 sizes x 2 modes x 2 placements + 2 barriers, per world size
+    assert len(points) == 2 * (7 * 2 * 2 * 2 + 2)
     for record in points:
         config, metrics = record["config"], record["metrics"]
         if config["op"] != "barrier" and (config["op"], config["in_place"]) in TORCH_UNSUPPORTED:
@@ -46,7 +47,7 @@ def test_every_op_is_correct_on_2_and_3_ranks_with_tallies(cli, tmp_path):
     assert "unsupported: gloo all_reduce out-of-place fp32: torch.distributed.all_reduce works in place only" in stdout
     # two sizes fit any α–β line exactly: no fit is stored, each group says why
     assert not [r for r in records if r["config"]["record"] == "fit"] and "α–β fit:" not in stdout
-    assert stdout.count("needs at least 3 sizes, has 2") == 2 * 2 * 8  # worlds x modes x (op, placement) pairs
+    assert stdout.count("needs at least 3 sizes, has 2") == 2 * 2 * 9  # worlds x modes x (op, placement) pairs
     assert (out / "comm.png").read_bytes()[:4] == b"\x89PNG"
     # three tally tables per measured point, from torch.profiler, merged over the ranks
     measured = sum(p["status"] == "ok" for p in points)
@@ -141,6 +142,8 @@ def test_a_failing_rank_ends_the_command_with_its_message(cli, tmp_path, monkeyp
     (["--op", "broadcast", "--root", "2"], "--root 2 is not a rank"),
     (["--iters", "5,6"], "--iters takes one value"),
     (["--dtype", "fp8"], "invalid choice 'fp8'"),
+    (["--op", "all_to_allv", "--skew", "-1"], "--skew"),
+    (["--op", "all_to_allv", "--skew", "0,9"], "--skew takes values from 0 (equal split) to 8"),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_any_work(cli, tmp_path, args, message):
     out = tmp_path / "never"

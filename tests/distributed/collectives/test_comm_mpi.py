@@ -21,11 +21,14 @@ def test_every_op_on_3_mpi_ranks_with_tallies_in_nccl_tests_format(cli, tmp_path
     assert code == 0, stderr
     points = read_records(tmp_path / "comm.jsonl")
     fp32 = [p for p in points if p["config"]["dtype"] == "fp32"]
-    assert len(fp32) == 6 * 2 * 2 * 2 + 2
+    assert len(fp32) == 7 * 2 * 2 * 2 + 2
     for record in fp32:
         config = record["config"]
         if config["op"] == "broadcast" and config["in_place"] is False:
             assert record["status"] == "unsupported" and "in place only" in record["note"]
+            continue
+        if config["op"] == "all_to_allv" and config["in_place"]:
+            assert record["status"] == "unsupported" and "no uneven split" in record["note"]
             continue
         assert record["status"] == "ok" and record["metrics"]["wrong"] == 0, (config, record.get("note"))
         assert record["env"]["backend"] == "mpi" and "mpi_library" in record["env"]
@@ -33,13 +36,14 @@ def test_every_op_on_3_mpi_ranks_with_tallies_in_nccl_tests_format(cli, tmp_path
     assert bf16 and all(p["status"] == "unsupported" and "no bf16" in p["note"] for p in bf16)
     blocks = parse_nccl_tests(stdout)  # stdout holds the nccl-tests text only
     assert [b.op for b in blocks if b.mode == "per-op"] == ["all_reduce", "all_gather", "reduce_scatter", "broadcast",
-                                                           "reduce", "all_to_all", "barrier"]
+                                                           "reduce", "all_to_all", "all_to_allv", "barrier"]
     assert all(b.world_size == 3 and b.backend == "mpi" and b.time_stat == "max" for b in blocks)
     gather = [b for b in blocks if b.op == "all_gather"]
     assert len(gather) == 2 and [r.size_bytes for r in gather[0].rows] == [996, 65532]  # 3 equal chunks
     for table in ("mpi host API calls | 1 host(s) | 3 process(es)", "(timing wrappers)", "mpi device activity",
                   "no device activity: CPU-only run (mpi moves data with host threads)", "mpi memory traffic",
-                  "MPI_Allreduce", "MPI_Iallgather", "MPI_Waitall", "MPI_Alltoall send", "MPI_Ibarrier"):
+                  "MPI_Allreduce", "MPI_Iallgather", "MPI_Waitall", "MPI_Alltoall send", "MPI_Ialltoallv",
+                  "MPI_Ibarrier"):
         assert table in stderr, table
     assert "all_gather on 3 ranks: 1000 B rounded down to 996 B" in stderr
 

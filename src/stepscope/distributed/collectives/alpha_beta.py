@@ -15,9 +15,9 @@ grow with size gives beta = None: no bandwidth term was measurable).
 
 Records: the comm benchmark stores each fit as a record of kind `comm` whose config has
 `"record": "fit"` (measured points have `"record": "point"`) plus backend, op, world_size, dtype,
-mode, in_place (redop when not sum, source for imports) and the size range; metrics `alpha_us`,
-`beta_GBps`, `residual_rms_pct`, `residual_max_pct`, `residual_rms_us`, `points`, `bus_factor`. A group
-with fewer than MIN_FIT_SIZES sizes gets a note instead of a fit.
+mode, in_place (redop when not sum, source for imports, skew and seed for all_to_allv) and the size
+range; metrics `alpha_us`, `beta_GBps`, `residual_rms_pct`, `residual_max_pct`, `residual_rms_us`,
+`points`, `bus_factor`. A group with fewer than MIN_FIT_SIZES sizes gets a note instead of a fit.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from stepscope.distributed.collectives.ops import OPS, busbw_factor
 from stepscope.results.store import make_record
 
 FIT_GROUP_FIELDS = ("backend", "op", "world_size", "dtype", "mode", "in_place")
+OPTIONAL_GROUP_FIELDS = ("redop", "source", "skew", "seed")
+"""Also grouped on, and written to the fit's config, only when a point has them."""
 MIN_FIT_SIZES = 3
 """Distinct sizes a stored fit needs: two parameters through two points always fit exactly (residual 0),
 so a noisy point would become an absurd alpha or beta with nothing showing it."""
@@ -113,17 +115,20 @@ def fit_records(records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]]
             continue
         if headline_time_us(record.get("metrics", {})) is None:
             continue
-        # imports stay apart, and so do reductions other than sum (imported nccl-tests `-o prod` logs)
-        key = tuple(config.get(f) for f in FIT_GROUP_FIELDS) + (config.get("redop"), config.get("source"))
+        # imports stay apart, and so do reductions other than sum (imported nccl-tests `-o prod` logs) and
+        # all_to_allv's skews (a different split is a different collective for the model)
+        key = tuple(config.get(f) for f in FIT_GROUP_FIELDS) + tuple(config.get(f) for f in OPTIONAL_GROUP_FIELDS)
         groups.setdefault(key, []).append(record)
     fits, notes = [], []
+    width = len(FIT_GROUP_FIELDS)
     for key, members in groups.items():
-        group = dict(zip(FIT_GROUP_FIELDS, key[:-2], strict=True))
-        for name, value in zip(("redop", "source"), key[-2:], strict=True):
+        group = dict(zip(FIT_GROUP_FIELDS, key[:width], strict=True))
+        for name, value in zip(OPTIONAL_GROUP_FIELDS, key[width:], strict=True):
             if value is not None:
                 group[name] = value
         label = " ".join(str(group[f]) for f in ("backend", "op", "dtype", "mode")) + \
             (f" {group['redop']}" if "redop" in group else "") + \
+            (f" skew {group['skew']:g}" if "skew" in group else "") + \
             f" on {group['world_size']} ranks{' in-place' if group['in_place'] else ''}"
         # an op stepscope does not know (an imported log of another nccl-tests program): algorithm bandwidth
         factor = busbw_factor(group["op"], int(group["world_size"])) if group["op"] in OPS else 1.0

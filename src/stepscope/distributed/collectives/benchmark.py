@@ -44,7 +44,8 @@ def plan_jobs(config: CommConfig) -> list[Job]:
         for world in worlds:
             points, roundings, skipped = plan_points(
                 backend=backend, world_size=world, ops=config.ops, sizes=config.sizes, dtypes=config.dtypes,
-                modes=config.modes, places=config.places, iters=config.iters, warmup=config.warmup, root=config.root)
+                modes=config.modes, places=config.places, iters=config.iters, warmup=config.warmup, root=config.root,
+                skews=config.skews, seed=config.seed)
             jobs.append(Job(backend, world, points, roundings, skipped))
     return jobs
 

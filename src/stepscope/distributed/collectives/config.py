@@ -11,6 +11,8 @@ from stepscope.distributed.collectives.points import CALL_MODES, PLACES
 from stepscope.distributed.collectives.sizes import parse_sizes
 from stepscope.errors import UsageError
 
+MAX_SKEW = 8.0
+"""Beyond this Zipf exponent the hottest rank receives practically everything: nothing more to see."""
 TORCH_BACKENDS = {"gloo": ("gloo", None), "nccl": ("nccl", None), "oneccl": ("gloo", "ccl")}
 """stepscope backend -> (launcher backend, extra torch group backend measured instead of the default)."""
 
@@ -39,6 +41,11 @@ class CommConfig:
     """Untimed calls per point before timing (nccl-tests -w)."""
     root: int = 0
     """Root of broadcast and reduce."""
+    skews: tuple[float, ...] = (1.0,)
+    """all_to_allv: Zipf exponents of the token-per-expert popularity, one point each (0: equal split;
+    1 on 4 ranks: the hottest rank receives 1.92x the mean)."""
+    seed: int = 0
+    """all_to_allv: seed of which ranks are hot (every rank derives the same split matrix from it)."""
     threads: int | None = None
     """CPU threads per rank (None: cores / local ranks)."""
     timeout_s: float = 300.0
@@ -61,6 +68,9 @@ class CommConfig:
         _check_choices("--place", self.places, PLACES)
         if min(self.worlds) < 1:
             raise UsageError(f"world sizes must be at least 1, got {min(self.worlds)}")
+        if not self.skews or min(self.skews) < 0 or max(self.skews) > MAX_SKEW:
+            raise UsageError(f"--skew takes values from 0 (equal split) to {MAX_SKEW:g}, got "
+                             f"{', '.join(f'{s:g}' for s in self.skews) or 'none'}")
         if self.iters < 1 or self.warmup < 0:
             raise UsageError("--iters must be positive and --warmup non-negative")
         if self.timeout_s <= 0:

@@ -5,7 +5,9 @@ already appended to the store, plus every rank's raw tally); `launch.mpi.rank_ma
 rank's `error` (and aborts the job).
 
 In-place forms are MPI's: MPI_IN_PLACE for all_reduce, all_gather, reduce_scatter (result in the
-first chunk), all_to_all and reduce (on the root); broadcast exists only in place.
+first chunk), all_to_all and reduce (on the root); broadcast exists only in place. all_to_allv is
+MPI_Alltoallv out of place only: with MPI_IN_PLACE a rank sends what recvcounts say it receives, which
+an uneven split (a hot receiver) is not.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 from stepscope.distributed.collectives.ops import SENTINEL, checked_on, expected_values, input_values
 from stepscope.distributed.collectives.points import CommPoint
 from stepscope.distributed.collectives.rank import Prepared, chunks, run_points
+from stepscope.distributed.collectives.splits import displacements
 from stepscope.distributed.collectives.tally import MpiTally
 from stepscope.distributed.launch.mpi import emit, rank_main
 
@@ -44,6 +47,8 @@ class MpiCommunicator:
             return f"MPI has no {point.dtype} datatype"
         if point.op == "broadcast" and point.in_place is False:
             return "MPI_Bcast works in place only"
+        if point.op == "all_to_allv" and point.in_place:
+            return "MPI_Alltoallv in place sends what it receives (recvcounts both ways): no uneven split"
         return None
 
     def prepare(self, point: CommPoint) -> Prepared:
@@ -53,13 +58,13 @@ class MpiCommunicator:
             return Prepared(lambda a: call("MPI_Ibarrier", comm.Ibarrier) if a else call("MPI_Barrier", comm.Barrier))
         dtype = NUMPY_DTYPES[point.dtype]
         chunk, in_place, itemsize = lay.chunk, bool(point.in_place), np.dtype(dtype).itemsize
-        send_bytes, recv_bytes = lay.send_count * itemsize, lay.recv_count * itemsize
+        send_bytes, recv_bytes = lay.send_count * itemsize, lay.recv_count_of(rank) * itemsize
 
         def inp(idx: Any) -> Any:
             return input_values(op, idx, rank)
 
         def out(idx: Any) -> Any:
-            return expected_values(op, idx, rank, n, chunk, root)
+            return expected_values(op, idx, rank, n, chunk, root, splits=lay.splits)
 
         def start(blocking: str, nonblocking: str, *args: Any) -> Any:
             method = getattr(comm, blocking)
@@ -98,6 +103,12 @@ class MpiCommunicator:
             send = np.empty(lay.send_count, dtype)
             recv = send if in_place else np.empty(lay.recv_count, dtype)
             return Prepared(start("Alltoall", "Ialltoall", place if in_place else send, recv),
+                            inputs=[(send, inp)], outputs=[(recv, out)])
+        if op == "all_to_allv":
+            sends, receives = lay.send_splits(rank), lay.recv_splits(rank)
+            send, recv = np.empty(sum(sends), dtype), np.empty(sum(receives), dtype)
+            return Prepared(start("Alltoallv", "Ialltoallv", [send, (sends, displacements(sends))],
+                                  [recv, (receives, displacements(receives))]),
                             inputs=[(send, inp)], outputs=[(recv, out)])
         raise KeyError(op)
 

@@ -5,7 +5,8 @@ Writing: one block per backend, op, world size, dtype, mode (and redop); one lin
 out-of-place and in-place columns (`N/A` where a placement was not measured or is unsupported);
 the footer counts out-of-bounds results and averages busbw like nccl-tests. One difference is stated
 in the block's first comment line: stepscope's time is the max over ranks (nccl-tests averages over
-ranks unless run with `-a 3`).
+ranks unless run with `-a 3`). An all_to_allv block (rccl-tests' `alltoallv_perf`) has a second
+stepscope line with its skew and seed, read back on import.
 
 Reading is driven by the column header line, so it accepts the current layout (size count type redop
 root | time algbw busbw #wrong | ...), the 2019-2021 one (no root column, `error` instead of `#wrong`),
@@ -31,9 +32,10 @@ from stepscope.results.store import make_record
 
 PERF_NAMES = {"all_reduce": "all_reduce_perf", "all_gather": "all_gather_perf", "reduce_scatter": "reduce_scatter_perf",
               "broadcast": "broadcast_perf", "reduce": "reduce_perf", "all_to_all": "alltoall_perf",
-              "barrier": "barrier_perf"}
+              "all_to_allv": "alltoallv_perf", "barrier": "barrier_perf"}  # alltoallv_perf: rccl-tests' name
 OPS_BY_PERF = {perf: op for op, perf in PERF_NAMES.items()}
 _STEPSCOPE_LINE = re.compile(r"^# stepscope comm: backend (\S+), mode (\S+), time = (\w+) over ranks")
+_SKEW_LINE = re.compile(r"^# stepscope all_to_allv: skew (\S+), seed (-?\d+)")
 
 
 # ---- writing -------------------------------------------------------------------------------------
@@ -54,7 +56,8 @@ def write_nccl_tests(records: Iterable[dict[str, Any]]) -> str:
         if record.get("kind") != "comm" or config.get("record") != "point":
             continue
         key = (config["backend"], config["op"], config["world_size"], config["dtype"], config["mode"],
-               config.get("redop"), config.get("root", -1), config.get("iters"), config.get("warmup"))
+               config.get("redop"), config.get("root", -1), config.get("iters"), config.get("warmup"),
+               config.get("skew"), config.get("seed"))
         blocks.setdefault(key, []).append(record)
     # like nccl-tests, nothing is printed for what did not run (a dtype or op the backend lacks)
     return "".join(_block(rows) for rows in blocks.values() if any(_measured(r) for r in rows))
@@ -77,6 +80,9 @@ def _block(records: list[dict[str, Any]]) -> str:
              f"# nThread 1 nGpus 1 minBytes {min(sizes)} maxBytes {max(sizes)} step: 0(list) warmup iters: "
              f"{config.get('warmup', 0)} iters: {config.get('iters', 0)} agg iters: 1 validation: 1 graph: 0",
              "#", "# Using devices"]
+    if config.get("skew") is not None:  # all_to_allv: the split, right after the header (read back on import)
+        lines.insert(1, f"# stepscope all_to_allv: skew {config['skew']:g}, seed {config.get('seed', 0)} (Zipf "
+                        "popularity over ranks; size = bytes each rank sends, count = mean elements per peer)")
     ranks = env.get("ranks") or [{}] * int(config["world_size"])
     for rank, place in enumerate(ranks):
         lines.append(f"#  Rank {rank:2d} Group  0 Pid {place.get('pid', 0):6d} on {place.get('host', '-'):>10s} "
@@ -156,6 +162,8 @@ class ParsedBlock:
     time_stat: str
     env: dict[str, Any]
     rows: list[ParsedRow] = field(default_factory=list)
+    split: tuple[float, int] | None = None
+    """all_to_allv's (skew, seed) when a stepscope log says it."""
 
 
 _LEAD_NAMES = {"size": "size", "bytes": "size", "count": "count", "n": "count", "type": "type", "redop": "redop",
@@ -169,6 +177,7 @@ def parse_nccl_tests(text: str) -> list[ParsedBlock]:
     blocks: list[ParsedBlock] = []
     op: str | None = None
     backend, mode, time_stat = "nccl", "batch", "mean"
+    split: tuple[float, int] | None = None
     ranks: dict[int, dict[str, Any]] = {}
     iters = warmup = None
     env: dict[str, Any] = {}
@@ -182,6 +191,10 @@ def parse_nccl_tests(text: str) -> list[ParsedBlock]:
             backend = "rccl"
         if (match := _STEPSCOPE_LINE.match(stripped)) is not None:
             backend, mode, time_stat = match.group(1), match.group(2), match.group(3)
+            split = None
+            continue
+        if (match := _SKEW_LINE.match(stripped)) is not None:
+            split = (float(match.group(1)), int(match.group(2)))
             continue
         if "Collective test starting:" in stripped:
             op = _op_of(stripped.split("Collective test starting:", 1)[1].strip())
@@ -214,7 +227,7 @@ def parse_nccl_tests(text: str) -> list[ParsedBlock]:
             if names:
                 block_env["device_name"] = ", ".join(names)
             current = ParsedBlock(op=op, world_size=(max(ranks) + 1) if ranks else None, iters=iters, warmup=warmup,
-                                  backend=backend, mode=mode, time_stat=time_stat, env=block_env)
+                                  backend=backend, mode=mode, time_stat=time_stat, env=block_env, split=split)
             blocks.append(current)
             continue
         if current is None or not stripped or stripped.startswith("#"):
@@ -304,6 +317,8 @@ def _row_records(row: ParsedRow, block: ParsedBlock, op: str, world: int, source
             config["root"] = row.root if row.root is not None and row.root >= 0 else 0
         if row.redop not in (None, "sum", "none"):
             config["redop"] = row.redop
+        if block.split is not None and op == "all_to_allv":
+            config["skew"], config["seed"] = block.split
         config["source"] = source
         metrics: dict[str, Any] = {f"time_us_{block.time_stat}": values["time_us"], "algbw_GBps": values["algbw"],
                                    "busbw_GBps": values["busbw"]}

@@ -13,11 +13,21 @@ nccl-tests conventions (see the reference notes):
 | all_gather | total output (n x input) | (n-1)/n | per-rank elements |
 | reduce_scatter | total input (n x output) | (n-1)/n | per-rank elements |
 | all_to_all | per-rank send buffer | (n-1)/n | per-peer elements |
+| all_to_allv | per-rank send buffer (equal on every rank) | (n-1)/n | mean per-peer elements |
 | broadcast, reduce | buffer | 1 | buffer elements |
 
 algbw = S / t and busbw = algbw x factor, in GB/s (1e9 bytes). Requested sizes that do not split into
-n equal chunks (all_gather, reduce_scatter, all_to_all) are rounded down to whole elements per rank,
-exactly like nccl-tests' `count/nranks`; `Layout.rounded` says when that happened.
+n equal chunks (all_gather, reduce_scatter, all_to_all, all_to_allv) are rounded down to whole elements
+per rank, exactly like nccl-tests' `count/nranks`; `Layout.rounded` says when that happened.
+
+all_to_allv (uneven all-to-all, MoE dispatch) follows `alltoallv_perf` of rccl-tests (ROCm's fork of
+nccl-tests, src/alltoallv.cu): every rank sends the same total S, split unevenly over the destinations,
+so ranks receive different amounts; algbw = S / t with S = the bytes one rank sends, its own block
+included, and busbw = algbw x (n-1)/n, exactly as for all_to_all. rccl-tests splits by a fixed linear
+pattern; stepscope's split is a Zipf token-per-expert popularity with a skew, deterministic from a seed
+(`splits`). At skew 0 the split is all_to_all's, and so are the numbers. A skewed split is bounded by
+the rank that receives most (`imbalance` x S), so its busbw falls below all_to_all's by up to that
+factor: the loss the benchmark is there to show.
 """
 
 from __future__ import annotations
@@ -25,10 +35,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier")
+from stepscope.distributed.collectives.splits import SplitMatrix, displacements, received, split_matrix
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "all_to_allv", "barrier")
 REDUCING_OPS = ("all_reduce", "reduce_scatter", "reduce")
 ROOTED_OPS = ("broadcast", "reduce")
-CHUNKED_OPS = ("all_gather", "reduce_scatter", "all_to_all")
+CHUNKED_OPS = ("all_gather", "reduce_scatter", "all_to_all", "all_to_allv")
+UNEVEN_OPS = ("all_to_allv",)
+"""Ops whose per-peer blocks differ in size (a split matrix, see `splits`)."""
 
 
 @dataclass(frozen=True)
@@ -96,11 +110,14 @@ class Layout:
     requested_bytes: int
     """The size asked for, before rounding."""
     count: int
-    """The nccl-tests `count` column: buffer elements (all_reduce, broadcast, reduce) or per-rank chunk."""
+    """The nccl-tests `count` column: buffer elements (all_reduce, broadcast, reduce) or per-rank chunk
+    (all_to_allv: the mean per-peer block, send_count / n)."""
     send_count: int
     """Elements in each rank's input buffer."""
     recv_count: int
-    """Elements in each rank's output buffer."""
+    """Elements in each rank's output buffer (all_to_allv: the largest over ranks; see `recv_count_of`)."""
+    splits: SplitMatrix | None = None
+    """all_to_allv: elements rank src sends to rank dst, [src][dst]; None for the other ops."""
 
     @property
     def chunk(self) -> int:
@@ -110,7 +127,23 @@ class Layout:
     @property
     def size_bytes(self) -> int:
         """S, the bytes algbw is computed from (the nccl-tests `size` column)."""
+        if self.splits is not None:  # what every rank sends; what a rank receives differs per rank
+            return self.send_count * DTYPES[self.dtype].itemsize
         return max(self.send_count, self.recv_count) * DTYPES[self.dtype].itemsize
+
+    def send_splits(self, rank: int) -> tuple[int, ...]:
+        """Elements `rank` sends to each rank (all_to_allv)."""
+        assert self.splits is not None
+        return self.splits[rank]
+
+    def recv_splits(self, rank: int) -> tuple[int, ...]:
+        """Elements `rank` receives from each rank (all_to_allv)."""
+        assert self.splits is not None
+        return received(self.splits, rank)
+
+    def recv_count_of(self, rank: int) -> int:
+        """Elements in `rank`'s output buffer."""
+        return self.recv_count if self.splits is None else sum(self.recv_splits(rank))
 
     @property
     def rounded(self) -> bool:
@@ -118,8 +151,10 @@ class Layout:
         return self.op != "barrier" and self.size_bytes != self.requested_bytes
 
 
-def layout(op: str, requested_bytes: int, dtype: str, world_size: int) -> Layout:
-    """Element counts for `op` at `requested_bytes`, rounded down like nccl-tests (count/nranks)."""
+def layout(op: str, requested_bytes: int, dtype: str, world_size: int, *, skew: float = 0.0,
+           seed: int = 0) -> Layout:
+    """Element counts for `op` at `requested_bytes`, rounded down like nccl-tests (count/nranks); `skew`
+    and `seed` define all_to_allv's split (see `splits`) and are ignored by the other ops."""
     if op not in OPS:
         raise KeyError(f"unknown collective {op!r}")
     if op == "barrier":
@@ -135,6 +170,11 @@ def layout(op: str, requested_bytes: int, dtype: str, world_size: int) -> Layout
     if op == "all_to_all":
         chunk = count // n
         return Layout(op, n, dtype, requested_bytes, chunk, chunk * n, chunk * n)
+    if op == "all_to_allv":
+        chunk = count // n
+        splits = split_matrix(chunk * n, n, float(skew), seed)
+        most = max(sum(received(splits, rank)) for rank in range(n))
+        return Layout(op, n, dtype, requested_bytes, chunk, chunk * n, most, splits)
     return Layout(op, n, dtype, requested_bytes, count, count, count)
 
 
@@ -167,9 +207,14 @@ def input_values(op: str, index: Any, rank: int) -> Any:
     return _summed(index, rank) if op in REDUCING_OPS else _moved(index, rank)
 
 
-def expected_values(op: str, index: Any, rank: int, world_size: int, chunk: int, root: int = 0) -> Any:
-    """Values `rank`'s output buffer must hold at positions `index` after `op` (integer array)."""
+def expected_values(op: str, index: Any, rank: int, world_size: int, chunk: int, root: int = 0,
+                    splits: SplitMatrix | None = None) -> Any:
+    """Values `rank`'s output buffer must hold at positions `index` after `op` (integer array);
+    all_to_allv needs its `splits`."""
     n = world_size
+    if op == "all_to_allv":
+        assert splits is not None
+        return _received_uneven(index, rank, splits)
     if op in ("all_reduce", "reduce"):
         return sum(_summed(index, r) for r in range(n))
     if op == "reduce_scatter":
@@ -182,6 +227,19 @@ def expected_values(op: str, index: Any, rank: int, world_size: int, chunk: int,
     if op == "all_to_all":
         return _moved(rank * chunk + offset, source)
     raise KeyError(f"no output to check for {op!r}")
+
+
+def _received_uneven(index: Any, rank: int, splits: SplitMatrix) -> Any:
+    """all_to_allv: the block from source s starts after the blocks of the sources before it (MPI's
+    rdispls) and holds s's send elements from s's displacement towards `rank` on. Built from masks
+    summed over the sources, so numpy arrays and torch tensors work alike (n is small)."""
+    counts = received(splits, rank)
+    values = index * 0
+    for source, start in enumerate(displacements(counts)):
+        inside = (index >= start) & (index < start + counts[source])
+        sent_from = displacements(splits[source])[rank]  # where the block sits in the source's send buffer
+        values = values + inside * _moved(index - start + sent_from, source)
+    return values
 
 
 def checked_on(op: str, rank: int, root: int) -> bool:

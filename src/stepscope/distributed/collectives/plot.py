@@ -1,6 +1,6 @@
 """PNG of a collective sweep: per op, bus bandwidth vs size (left) and time per call vs size (right,
 log-log: small sizes are latency-bound, so this is where they can be read), one line per backend,
-world size, mode, placement (and reduction, when not sum). Fitted α–β curves are drawn dashed when
+world size, mode, placement (and reduction, when not sum; skew for all_to_allv). Fitted α–β curves are drawn dashed when
 present. matplotlib Agg only.
 """
 
@@ -16,12 +16,13 @@ from stepscope.distributed.collectives.alpha_beta import headline_time_us
 
 def _series_key(config: dict[str, Any]) -> tuple:
     return (config["backend"], config["world_size"], config["mode"], bool(config.get("in_place")), config["dtype"],
-            config.get("redop"))
+            config.get("redop"), config.get("skew"))
 
 
 def _label(key: tuple) -> str:
-    backend, world, mode, in_place, dtype, redop = key
-    return f"{backend} n={world} {mode} {'in' if in_place else 'out'} {dtype}" + (f" {redop}" if redop else "")
+    backend, world, mode, in_place, dtype, redop, skew = key
+    return (f"{backend} n={world} {mode} {'in' if in_place else 'out'} {dtype}" + (f" {redop}" if redop else "")
+            + (f" skew {skew:g}" if skew is not None else ""))
 
 
 def plot_comm(records: Iterable[dict[str, Any]], path: str | Path, title: str | None = None) -> Path | None:

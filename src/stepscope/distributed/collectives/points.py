@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stepscope.distributed.collectives.ops import CHUNKED_OPS, ROOTED_OPS, Layout, layout
+from stepscope.distributed.collectives.ops import CHUNKED_OPS, ROOTED_OPS, UNEVEN_OPS, Layout, layout
 from stepscope.distributed.collectives.sizes import format_bytes
 
 CALL_MODES = ("per-op", "batch")
@@ -26,7 +26,7 @@ class CommPoint:
     backend: str
     """gloo, nccl, mpi or oneccl."""
     op: str
-    """all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all or barrier."""
+    """all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, all_to_allv or barrier."""
     world_size: int
     """Number of ranks."""
     requested_bytes: int
@@ -43,9 +43,13 @@ class CommPoint:
     """Untimed calls before timing, at this size."""
     root: int = 0
     """Source (broadcast) or destination (reduce) rank."""
+    skew: float = 0.0
+    """all_to_allv: Zipf exponent of the token-per-expert popularity (0: equal split); see `splits`."""
+    seed: int = 0
+    """all_to_allv: which ranks are the hot ones (every rank derives the same split from it)."""
 
     def layout(self) -> Layout:
-        return layout(self.op, self.requested_bytes, self.dtype, self.world_size)
+        return layout(self.op, self.requested_bytes, self.dtype, self.world_size, skew=self.skew, seed=self.seed)
 
     def config(self) -> dict[str, Any]:
         """The record config (also the resume key): everything that defines the measurement."""
@@ -57,12 +61,15 @@ class CommPoint:
                                   "warmup": self.warmup}
         if self.op in ROOTED_OPS:
             config["root"] = self.root
+        if self.op in UNEVEN_OPS:  # only here, so the keys of the other ops' records stay as they were
+            config["skew"], config["seed"] = self.skew, self.seed
         return config
 
     def label(self) -> str:
         place = "" if self.in_place is None else (" in-place" if self.in_place else " out-of-place")
         size = "" if self.op == "barrier" else f" {format_bytes(self.layout().size_bytes)}B"
-        return f"{self.backend} {self.op}{size} {self.dtype} {self.mode}{place} on {self.world_size} ranks"
+        skew = f" skew {self.skew:g}" if self.op in UNEVEN_OPS else ""
+        return f"{self.backend} {self.op}{size}{skew} {self.dtype} {self.mode}{place} on {self.world_size} ranks"
 
 
 @dataclass(frozen=True)
@@ -78,15 +85,17 @@ class Rounding:
     def message(self) -> str:
         why = (f"{self.world_size} equal chunks of whole {self.dtype} elements" if self.op in CHUNKED_OPS
                else f"whole {self.dtype} elements")
+        if self.op in UNEVEN_OPS:
+            why = f"a multiple of {self.world_size} whole {self.dtype} elements"
         return (f"{self.op} on {self.world_size} ranks: {self.requested_bytes} B rounded down to "
                 f"{self.size_bytes} B ({why}, like nccl-tests)")
 
 
 def plan_points(*, backend: str, world_size: int, ops: Sequence[str], sizes: Sequence[int], dtypes: Sequence[str],
-                modes: Sequence[str], places: Sequence[str], iters: int, warmup: int,
-                root: int = 0) -> tuple[list[CommPoint], list[Rounding], list[str]]:
+                modes: Sequence[str], places: Sequence[str], iters: int, warmup: int, root: int = 0,
+                skews: Sequence[float] = (0.0,), seed: int = 0) -> tuple[list[CommPoint], list[Rounding], list[str]]:
     """Every point of the grid for one backend and world size, plus the roundings and the sizes skipped
-    because they round to zero elements (as notes)."""
+    because they round to zero elements (as notes). all_to_allv has one point per skew in `skews`."""
     points: list[CommPoint] = []
     roundings: list[Rounding] = []
     skipped: list[str] = []
@@ -103,7 +112,7 @@ def plan_points(*, backend: str, world_size: int, ops: Sequence[str], sizes: Seq
                 continue
             if lay.rounded:
                 roundings.append(Rounding(op, world_size, dtype, size, lay.size_bytes))
-            for place in places:
+            for skew, place in itertools.product(skews if op in UNEVEN_OPS else (0.0,), places):
                 points.append(CommPoint(backend, op, world_size, size, dtype, mode, place == "in", iters, warmup,
-                                        root))
+                                        root, float(skew), seed))
     return points, list(dict.fromkeys(roundings)), list(dict.fromkeys(skipped))

@@ -26,8 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from stepscope.distributed.collectives.ops import bandwidths_GBps
+from stepscope.distributed.collectives.ops import DTYPES, Layout, bandwidths_GBps
 from stepscope.distributed.collectives.points import CommPoint
+from stepscope.distributed.collectives.splits import imbalance
 from stepscope.results.store import RecordStore, make_record
 
 FAIL_RANK_ENV = "STEPSCOPE_COMM_FAIL_RANK"
@@ -166,12 +167,30 @@ def measure_point(comm: Communicator, point: CommPoint, env: dict[str, Any], *,
 
 
 def timing_metrics(point: CommPoint, times_s: list[float], wrong: int) -> dict[str, Any]:
-    """Per-rank seconds per call -> record metrics: time over ranks, algbw/busbw from the max, #wrong."""
+    """Per-rank seconds per call -> record metrics: time over ranks, algbw/busbw from the max, #wrong
+    (all_to_allv adds its imbalance and the hottest receiver's rate, see `uneven_metrics`)."""
     slowest = max(times_s)
-    algbw, busbw = bandwidths_GBps(point.op, point.layout().size_bytes, slowest, point.world_size)
-    return {"time_us_max": slowest * 1e6, "time_us_min": min(times_s) * 1e6,
-            "time_us_mean": sum(times_s) / len(times_s) * 1e6, "algbw_GBps": algbw, "busbw_GBps": busbw,
-            "wrong": wrong}
+    lay = point.layout()
+    algbw, busbw = bandwidths_GBps(point.op, lay.size_bytes, slowest, point.world_size)
+    metrics = {"time_us_max": slowest * 1e6, "time_us_min": min(times_s) * 1e6,
+               "time_us_mean": sum(times_s) / len(times_s) * 1e6, "algbw_GBps": algbw, "busbw_GBps": busbw,
+               "wrong": wrong}
+    if lay.splits is not None:
+        metrics.update(uneven_metrics(lay, slowest))
+    return metrics
+
+
+def uneven_metrics(lay: Layout, time_s: float) -> dict[str, Any]:
+    """all_to_allv beside nccl-tests' columns: `imbalance` (most elements a rank receives / the mean),
+    `recv_bytes_max` (that rank's output) and `recv_max_GBps`: the bytes it receives from the other ranks
+    per second. busbw charges every rank the mean; the hottest receiver is what bounds the call, so its
+    rate is the one to hold against a link's."""
+    assert lay.splits is not None
+    itemsize = DTYPES[lay.dtype].itemsize
+    hot = max(range(lay.world_size), key=lay.recv_count_of)
+    from_others = lay.recv_count_of(hot) - lay.splits[hot][hot]
+    return {"imbalance": imbalance(lay.splits), "recv_bytes_max": lay.recv_count_of(hot) * itemsize,
+            "recv_max_GBps": from_others * itemsize / 1e9 / time_s if time_s > 0 else None}
 
 
 def _runner(comm: Communicator, point: CommPoint, prepared: Prepared) -> Callable[[int], None]:

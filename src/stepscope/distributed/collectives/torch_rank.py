@@ -4,7 +4,8 @@ rank function the launcher runs for a collective sweep.
 Placement follows the torch API: all_reduce, broadcast and reduce exist only in place (their
 out-of-place rows are `unsupported`); all_gather and reduce_scatter have both forms, the in-place one
 aliasing the rank's chunk of the big buffer as nccl-tests does; all_to_all_single has no in-place form
-(aliased buffers give wrong results on gloo), so that row is `unsupported` too.
+(aliased buffers give wrong results on gloo), so that row is `unsupported` too, for all_to_all and for
+all_to_allv (all_to_all_single with per-rank split sizes: the same call on gloo and nccl).
 
 Timing exchange and agreement go through a separate gloo group on CPU, so the measured group only
 ever carries the measured calls.
@@ -75,7 +76,7 @@ class TorchCommunicator:
             return f"dtype {point.dtype} has no torch equivalent"
         if point.op in IN_PLACE_ONLY and point.in_place is False:
             return f"torch.distributed.{point.op} works in place only"
-        if point.op == "all_to_all" and point.in_place:
+        if point.op in ("all_to_all", "all_to_allv") and point.in_place:
             return "torch all_to_all_single has no in-place form"
         return None
 
@@ -94,7 +95,7 @@ class TorchCommunicator:
             return input_values(op, idx, rank)
 
         def out(idx: Any) -> Any:
-            return expected_values(op, idx, rank, n, chunk, root)
+            return expected_values(op, idx, rank, n, chunk, root, splits=lay.splits)
 
         check = checked_on(op, rank, root)
         if op in IN_PLACE_ONLY:
@@ -116,6 +117,12 @@ class TorchCommunicator:
         if op == "all_to_all":
             source, output = new(lay.send_count), new(lay.recv_count)
             return Prepared(lambda a: dist.all_to_all_single(output, source, group=group, async_op=a),
+                            inputs=[(source, inp)], outputs=[(output, out)])
+        if op == "all_to_allv":
+            sends, receives = list(lay.send_splits(rank)), list(lay.recv_splits(rank))
+            source, output = new(sum(sends)), new(sum(receives))
+            return Prepared(lambda a: dist.all_to_all_single(output, source, output_split_sizes=receives,
+                                                             input_split_sizes=sends, group=group, async_op=a),
                             inputs=[(source, inp)], outputs=[(output, out)])
         raise KeyError(op)
 
