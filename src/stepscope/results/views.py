@@ -136,3 +136,23 @@ def varying_columns(rows: Sequence[dict[str, Any]], candidates: Iterable[str]) -
         if len(values) > 1:
             out.append(column)
     return out
+
+
+QUIET_SUFFIXES = ("_mean", "_std", "_min", "_max", "_p10", "_p90", "_n")
+"""Statistics a default view hides (the median stays): `stepscope show --columns all` shows everything."""
+
+
+def default_columns(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The columns `stepscope show` and the report print by default for `records` (their `record_row`s given as
+    `rows`): the kind when several are mixed, the configuration fields that tell rows apart, the status and the
+    metrics (medians, not every statistic), and the note when a row has one."""
+    config_keys = [c for c in columns_of([record_row({"config": r.get("config") or {}}) for r in records])
+                   if c not in ("kind", "status")]
+    metric_keys = [c for c in columns_of([record_row({"metrics": r.get("metrics") or {}}) for r in records])
+                   if c not in ("kind", "status") and not c.endswith(QUIET_SUFFIXES)]
+    kinds = ["kind"] if len({r.get("kind") for r in records}) > 1 else []
+    identity = varying_columns(rows, config_keys) or [c for c in config_keys if "." not in c][:6]
+    columns = kinds + identity + ["status"] + metric_keys
+    if any("note" in row for row in rows):
+        columns.append("note")
+    return columns
