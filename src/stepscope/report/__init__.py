@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stepscope.report.compared import compared_section
+from stepscope.report.environments import environments
 from stepscope.report.html import Page
 from stepscope.report.sections import header_html, kind_section, overview
 from stepscope.report.study import load_study
@@ -29,10 +30,11 @@ def build(paths: Sequence[str | os.PathLike], *, title: str | None = None) -> st
     generated = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     page = Page(title or f"stepscope report: {', '.join(study.paths)}",
                 header=header_html(study, generated, __version__))
-    overview(page, study)
+    found = {kind: environments(records) for kind, records in study.kinds.items()}
+    overview(page, study, found)
     compared_section(page, study)
     for kind, records in study.kinds.items():
-        kind_section(page, kind, records)
+        kind_section(page, kind, records, found[kind])
     return page.render()
 
 

@@ -7,6 +7,7 @@ from html import escape
 
 from stepscope.report.html import Page
 from stepscope.report.matches import comm_vs_fit, fit_curve, group_label, step_vs_predict, trace_vs_predict
+from stepscope.report.plots import MAX_SERIES
 from stepscope.report.study import Study
 from stepscope.report.svg import Series, line_chart
 from stepscope.results.views import columns_of, format_value
@@ -26,8 +27,11 @@ def compared_section(page: Page, study: Study) -> None:
         points = [(row["step_measured_ms"], row["step_predicted_ms"]) for row in steps if "step_measured_ms" in row]
         low = min(min(p) for p in points)
         high = max(max(p) for p in points)
-        scatter = [Series(f"{r['model']} b{r['batch']} s{r['seq']} {r['mode']} {r['precision']}",
-                          [(r["step_measured_ms"], r["step_predicted_ms"])], joined=False) for r in steps]
+        if len(steps) <= MAX_SERIES:  # a colour and a legend entry per pair while they stay readable
+            scatter = [Series(f"{r['model']} b{r['batch']} s{r['seq']} {r['mode']} {r['precision']}",
+                              [(r["step_measured_ms"], r["step_predicted_ms"])], joined=False) for r in steps]
+        else:
+            scatter = [Series("measured steps", points, joined=False)]
         svg = line_chart([*scatter, Series("predicted = measured", [(low, low), (high, high)], dashed=True)],
                          x_label="measured step ms", y_label="predicted step ms", log_x=True, log_y=True)
         body += ["<h3>step vs predict</h3>",
@@ -37,18 +41,21 @@ def compared_section(page: Page, study: Study) -> None:
                  page.table(steps, columns_of(steps), css_class="match", data={"match": "step-predict"})]
     rows, fits = comm_vs_fit(study.kinds.get("comm", []))
     if rows:
-        series = []
-        for label, fit in fits.items():
-            sizes = [r["size_bytes"] for r in rows if group_label(r) == label]
-            series.append(Series(label, [(r["size_bytes"], r["time_measured_us"]) for r in rows
-                                         if group_label(r) == label]))
+        series, measured = [], {}
+        for row in rows:
+            measured.setdefault(group_label(row), []).append((row["size_bytes"], row["time_measured_us"]))
+        for label, fit in list(fits.items())[: MAX_SERIES // 2]:
+            sizes = [size for size, _ in measured[label]]
+            series.append(Series(label, measured[label]))
             series.append(Series(f"{label} α–β fit (α {format_value(fit.alpha_us)} us, β "
                                  f"{format_value(fit.beta_GBps)} GB/s)", fit_curve(fit, min(sizes), max(sizes)),
                                  dashed=True))
         svg = line_chart(series, x_label="size_bytes", y_label="time_us", log_x=True, log_y=True)
         body += ["<h3>comm vs α–β fit</h3>",
                  "<p>Each measured collective beside the fitted t(S) = α + factor·S/β of its group.</p>",
-                 _figure(svg, "measured points and their fitted curves (dashed)"),
+                 _figure(svg, "measured points and their fitted curves (dashed)" + (
+                     f"; the first {MAX_SERIES // 2} of {len(fits)} groups (every point is in the table)"
+                     if len(fits) > MAX_SERIES // 2 else "")),
                  page.table(rows, columns_of(rows), css_class="match", data={"match": "comm-fit"})]
     traces = trace_vs_predict(study.kinds.get("compare", []))
     if traces:

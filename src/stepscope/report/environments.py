@@ -4,7 +4,6 @@ would put side by side (a study mixing hosts, torch builds or code versions comp
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,14 +32,14 @@ class Environment:
 
 def environments(records: Sequence[dict[str, Any]]) -> list[Environment]:
     """The distinct environments of `records`, in first-seen order."""
-    found: dict[str, Environment] = {}
+    found: dict[tuple, Environment] = {}
     for record in records:
         env = record.get("env") or {}
-        fields = {name: env[name] for name in IDENTITY_FIELDS if env.get(name) is not None}
-        key = json.dumps(fields, sort_keys=True, default=str)
+        key = tuple(str(env.get(name)) for name in IDENTITY_FIELDS)
         entry = found.get(key)
         if entry is None:
-            entry = found[key] = Environment(fields)
+            entry = found[key] = Environment({name: env[name] for name in IDENTITY_FIELDS
+                                              if env.get(name) is not None})
         entry.records += 1
         when = env.get("utc_time")
         if isinstance(when, str):
@@ -51,15 +50,15 @@ def environments(records: Sequence[dict[str, Any]]) -> list[Environment]:
     return list(found.values())
 
 
-def mixed_warnings(records: Sequence[dict[str, Any]]) -> list[str]:
-    """One line per MIXED_FIELDS field with more than one value among `records` (records without it ignored)."""
+def mixed_warnings(found: Sequence[Environment]) -> list[str]:
+    """One line per MIXED_FIELDS field with more than one value among the environments `found` (of one section or
+    of the whole study; an environment without the field is left out)."""
     warnings = []
     for name in MIXED_FIELDS:
         counts: dict[str, int] = {}
-        for record in records:
-            value = (record.get("env") or {}).get(name)
-            if value is not None:
-                counts[str(value)] = counts.get(str(value), 0) + 1
+        for env in found:
+            if name in env.fields:
+                counts[str(env.fields[name])] = counts.get(str(env.fields[name]), 0) + env.records
         if len(counts) > 1:
             values = ", ".join(f"{value} ({n} records)" for value, n in counts.items())
             warnings.append(f"mixed {name}: {values}")

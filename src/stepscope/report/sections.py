@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
-from stepscope.report.environments import environments, mixed_warnings
+from stepscope.report.environments import Environment, mixed_warnings
 from stepscope.report.html import Page
 from stepscope.report.kinds import DESCRIPTIONS
 from stepscope.report.plots import choose_metric, plot_table
@@ -24,8 +24,9 @@ def warnings_html(warnings: Sequence[str]) -> str:
     return "".join(f'<p class="warn" role="note">{escape(w)}</p>' for w in warnings)
 
 
-def overview(page: Page, study: Study) -> None:
-    """Records per kind with their statuses and time span, and the warnings of the whole study."""
+def overview(page: Page, study: Study, found: dict[str, list[Environment]]) -> None:
+    """Records per kind with their statuses and time span, and the warnings of the whole study (`found`: the
+    environments of each kind)."""
     rows = []
     for kind, records in study.kinds.items():
         statuses: dict[str, int] = {}
@@ -34,27 +35,27 @@ def overview(page: Page, study: Study) -> None:
         times = [t for t in ((r.get("env") or {}).get("utc_time") for r in records) if isinstance(t, str)]
         rows.append({"kind": kind, "records": len(records), "ok": statuses.pop("ok", 0),
                      "other statuses": ", ".join(f"{s} {n}" for s, n in statuses.items()) or None,
-                     "environments": len(environments(records)),
+                     "environments": len(found[kind]),
                      "first (UTC)": min(times) if times else None, "last (UTC)": max(times) if times else None})
     body = [f"<p>{sum(r['records'] for r in rows)} records of {len(rows)} kinds.</p>",
-            warnings_html(mixed_warnings(study.records)),
+            warnings_html(mixed_warnings([env for envs in found.values() for env in envs])),
             page.table(rows, list(columns_of(rows)), css_class="overview", filter_box=False)]
     page.section("overview", "Overview", body)
 
 
-def environment_html(page: Page, records: Sequence[dict[str, Any]]) -> str:
+def environment_html(page: Page, found: Sequence[Environment]) -> str:
     """The distinct environments of a section's records, and a warning per field that is mixed."""
     rows = []
-    for env in environments(records):
+    for env in found:
         commands = list(env.commands)
         shown = "; ".join(commands[:5]) + (f" (+{len(commands) - 5} more)" if len(commands) > 5 else "")
         rows.append({"records": env.records, **env.fields, "first (UTC)": env.first_utc, "last (UTC)": env.last_utc,
                      "commands": shown or None})
-    return ("<h3>Environment</h3>" + warnings_html(mixed_warnings(records)) +
+    return ("<h3>Environment</h3>" + warnings_html(mixed_warnings(found)) +
             page.table(rows, list(columns_of(rows)), css_class="environment", filter_box=False))
 
 
-def kind_section(page: Page, kind: str, records: Sequence[dict[str, Any]]) -> None:
+def kind_section(page: Page, kind: str, records: Sequence[dict[str, Any]], found: Sequence[Environment]) -> None:
     """A kind's section: a plot and a table per sort of record (every record is one table row)."""
     body = [f'<p class="what">{escape(DESCRIPTIONS.get(kind, "Records of kind " + kind + "."))}</p>']
     groups = sub_tables(records)
@@ -74,7 +75,7 @@ def kind_section(page: Page, kind: str, records: Sequence[dict[str, Any]]) -> No
             body.append(f"<figure>{plot}<figcaption class=caption>{escape(caption)}; hover a point or bar for its "
                         "value</figcaption></figure>")
         body.append(page.table(rows, columns, data={"kind": kind, "table": name or "", "records": len(members)}))
-    body.append(environment_html(page, records))
+    body.append(environment_html(page, found))
     page.section(anchor(kind), kind, body, note=f"{len(records)} records", css_class="kind",
                  data={"kind": kind, "records": len(records)})
 
