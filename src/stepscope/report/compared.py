@@ -32,7 +32,7 @@ def compared_section(page: Page, study: Study) -> None:
                               [(r["step_measured_ms"], r["step_predicted_ms"])], joined=False) for r in steps]
         else:
             scatter = [Series("measured steps", points, joined=False)]
-        svg = line_chart([*scatter, Series("predicted = measured", [(low, low), (high, high)], dashed=True)],
+        svg = line_chart([*scatter, Series("predicted = measured", [(low, low), (high, high)], dashed=True, colour=7)],
                          x_label="measured step ms", y_label="predicted step ms", log_x=True, log_y=True)
         body += ["<h3>step vs predict</h3>",
                  "<p>Each measured step beside the one-GPU prediction of the same model, batch, sequence, precision "
@@ -44,12 +44,12 @@ def compared_section(page: Page, study: Study) -> None:
         series, measured = [], {}
         for row in rows:
             measured.setdefault(group_label(row), []).append((row["size_bytes"], row["time_measured_us"]))
-        for label, fit in list(fits.items())[: MAX_SERIES // 2]:
+        for colour, (label, fit) in enumerate(list(fits.items())[: MAX_SERIES // 2]):
             sizes = [size for size, _ in measured[label]]
-            series.append(Series(label, measured[label]))
+            series.append(Series(label, measured[label], colour=colour))
             series.append(Series(f"{label} α–β fit (α {format_value(fit.alpha_us)} us, β "
                                  f"{format_value(fit.beta_GBps)} GB/s)", fit_curve(fit, min(sizes), max(sizes)),
-                                 dashed=True))
+                                 dashed=True, colour=colour))
         svg = line_chart(series, x_label="size_bytes", y_label="time_us", log_x=True, log_y=True)
         body += ["<h3>comm vs α–β fit</h3>",
                  "<p>Each measured collective beside the fitted t(S) = α + factor·S/β of its group.</p>",

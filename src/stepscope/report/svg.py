@@ -36,6 +36,11 @@ class Series:
     """Drawn dashed without markers (a model or fit beside measured points)."""
     joined: bool = True
     """Points joined by a line (False: markers only, a scatter)."""
+    colour: int | None = None
+    """Colour index (None: the series' position), so a fit can share the colour of its points."""
+
+    def css(self, index: int) -> str:
+        return f"s{(index if self.colour is None else self.colour) % COLOURS}"
 
 
 @dataclass(frozen=True)
@@ -113,10 +118,10 @@ def _svg(body: list[str], label: str) -> str:
             f'aria-label="{escape(label)}">' + "".join(body) + "</svg>")
 
 
-def _legend(names: Sequence[str], dashed: Sequence[bool]) -> str:
+def _legend(series: Sequence[Series]) -> str:
     """An HTML legend under the chart (wraps freely, stays readable with many series)."""
-    items = [f'<span class="key"><i class="s{i % COLOURS}{" dash" if d else ""}"></i>{escape(n)}</span>'
-             for i, (n, d) in enumerate(zip(names, dashed, strict=True))]
+    items = [f'<span class="key"><i class="{s.css(i)}{" dash" if s.dashed else ""}"></i>{escape(s.name)}</span>'
+             for i, s in enumerate(series)]
     return f'<div class="legend">{"".join(items)}</div>' if len(items) > 1 else ""
 
 
@@ -133,7 +138,7 @@ def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, log_x: b
         kept = sorted((x, y) for x, y in s.points if _finite(x, y) and (x > 0 or not log_x) and (y > 0 or not log_y))
         if not kept:
             continue
-        colour = f"s{index % COLOURS}"
+        colour = s.css(index)
         coords = " ".join(f"{x_axis(x):.1f},{y_axis(y):.1f}" for x, y in kept)
         if s.joined or s.dashed:
             body.append(f'<polyline class="line {colour}{" dash" if s.dashed else ""}" points="{coords}"/>')
@@ -144,7 +149,7 @@ def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, log_x: b
                 if hover else ""
             body.append(f'<circle class="dot {colour}" cx="{x_axis(x):.1f}" cy="{y_axis(y):.1f}" r="3">{title}'
                         "</circle>")
-    return _svg(body, y_label) + _legend([s.name for s in series], [s.dashed for s in series])
+    return _svg(body, y_label) + _legend(series)
 
 
 def bar_chart(labels: Sequence[str], values: Sequence[float], *, y_label: str, x_label: str = "") -> str:
