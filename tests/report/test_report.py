@@ -4,6 +4,8 @@ per record, plots, environments, measured-vs-predicted pairs, and no URL; read b
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from stepscope.distributed.collectives.alpha_beta import fit_records
 from stepscope.report import build
 from stepscope.report.kinds import DESCRIPTIONS
 from stepscope.results.store import RecordStore, make_record
+from tests.conftest import subprocess_env
 
 SRC = Path(stepscope.__file__).parent
 KIND_PATTERNS = (r'(?:RecordStore|RunRecords|start_run)\([^()]*?"([a-z][a-z-]*)"\)',
@@ -208,3 +211,16 @@ def test_the_command_writes_the_page_and_refuses_bad_input(study, cli, tmp_path)
     empty.mkdir()
     code, _, err = cli("report", empty, "-o", tmp_path / "y.html")
     assert code == 2 and "no stepscope records" in err
+
+
+def test_open_hands_the_page_to_the_default_browser(study, tmp_path):
+    opener = tmp_path / "opener.sh"
+    opener.write_text(f'#!/bin/sh\necho "$1" > {tmp_path / "opened.txt"}\n')
+    opener.chmod(0o755)
+    out, _, _ = study
+    env = {**subprocess_env(), "BROWSER": f"{opener} %s"}
+    env.pop("DISPLAY", None)
+    done = subprocess.run([sys.executable, "-m", "stepscope", "report", str(out / "comm.jsonl"), "-o",
+                           str(tmp_path / "r.html"), "--open"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "opened.txt").read_text().strip() == (tmp_path / "r.html").resolve().as_uri()
