@@ -37,3 +37,9 @@ def test_hover_titles_and_bars_are_capped():
     assert "<title>" not in many and many.count("<circle") == MAX_HOVER + 1
     bars = bar_chart([str(i) for i in range(MAX_BARS + 5)], [float(i) for i in range(MAX_BARS + 5)], y_label="y")
     assert bars.count("<rect") == MAX_BARS and f"the first {MAX_BARS} of {MAX_BARS + 5} rows" in bars
+
+
+def test_bars_of_one_group_share_a_colour_named_in_the_legend():
+    svg = bar_chart(["fwd a", "fwd b", "bwd a"], [1.0, 2.0, 3.0], y_label="ms", groups=["fwd", "fwd", "bwd"])
+    assert re.findall(r'<rect class="bar (s\d)"', svg) == ["s0", "s0", "s1"]
+    assert '<i class="s0"></i>fwd' in svg and '<i class="s1"></i>bwd' in svg

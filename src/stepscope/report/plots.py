@@ -58,4 +58,8 @@ def plot_table(kind: str, table: str | None, rows: Sequence[dict[str, Any]], ide
                               log_x=bool(known and known.log), log_y=bool(known and known.log))
     label_fields = [c for c in (known.label if known and known.label else identity) if any(c in r for r in rows)]
     labels = [" ".join(format_value(row.get(c)) for c in label_fields) or str(i + 1) for i, row in enumerate(rows)]
-    return bar_chart(labels, [float(row[metric]) for row in rows], y_label=metric, x_label=" ".join(label_fields))
+    # with several label fields, the first one (a phase, a rank) colours the bars
+    groups = [f"{label_fields[0]}={format_value(row.get(label_fields[0]))}" for row in rows] \
+        if len(label_fields) > 1 else None
+    return bar_chart(labels, [float(row[metric]) for row in rows], y_label=metric, x_label=" ".join(label_fields),
+                     groups=groups)

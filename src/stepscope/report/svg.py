@@ -152,9 +152,15 @@ def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, log_x: b
     return _svg(body, y_label) + _legend(series)
 
 
-def bar_chart(labels: Sequence[str], values: Sequence[float], *, y_label: str, x_label: str = "") -> str:
-    """One bar per label (the first MAX_BARS), each with its value on hover."""
-    shown = [(label, value) for label, value in zip(labels, values, strict=True) if _finite(value)][:MAX_BARS]
+def bar_chart(labels: Sequence[str], values: Sequence[float], *, y_label: str, x_label: str = "",
+              groups: Sequence[str] | None = None) -> str:
+    """One bar per label (the first MAX_BARS), each with its value on hover; bars of one of `groups` (a phase, a
+    rank) share a colour and the legend names the groups."""
+    groups = list(groups) if groups is not None else [""] * len(labels)
+    colours = {group: i for i, group in enumerate(dict.fromkeys(groups))}
+    kept = [(label, value, group) for label, value, group in zip(labels, values, groups, strict=True)
+            if _finite(value)][:MAX_BARS]
+    shown = [(label, value) for label, value, _ in kept]
     y_axis = Axis(*_range([v for _, v in shown] or [0.0], False, True), HEIGHT - MARGIN_BOTTOM, MARGIN_TOP)
     x_axis = Axis(0, max(len(shown), 1), MARGIN_LEFT, WIDTH - MARGIN_RIGHT)
     body = _frame(x_axis, y_axis, x_label, y_label, x_ticks=False)
@@ -163,7 +169,8 @@ def bar_chart(labels: Sequence[str], values: Sequence[float], *, y_label: str, x
     for index, (label, value) in enumerate(shown):
         top = y_axis(value)
         left = x_axis.start + index * slot + slot * 0.15
-        body.append(f'<rect class="bar s{index % COLOURS if len(shown) <= COLOURS else 0}" x="{left:.1f}" '
+        colour = colours[kept[index][2]] if len(colours) > 1 else (index if len(shown) <= COLOURS else 0)
+        body.append(f'<rect class="bar s{colour % COLOURS}" x="{left:.1f}" '
                     f'y="{min(top, base):.1f}" width="{slot * 0.7:.1f}" height="{abs(base - top):.1f}">'
                     f"<title>{escape(label)}: {escape(format_value(value))}</title></rect>")
         if len(shown) <= 12:  # room for a label under every bar
@@ -171,7 +178,8 @@ def bar_chart(labels: Sequence[str], values: Sequence[float], *, y_label: str, x
                         f"{escape(_short(label, int(slot / 6.5)))}</text>")
     note = "" if len(shown) == len(labels) else \
         f'<p class="caption">the first {len(shown)} of {len(labels)} rows (every row is in the table)</p>'
-    return _svg(body, y_label) + note
+    legend = _legend([Series(group, ()) for group in colours]) if len(colours) > 1 else ""
+    return _svg(body, y_label) + legend + note
 
 
 def _short(text: str, room: int) -> str:
