@@ -39,8 +39,9 @@ def env(host: str = "vm", **extra) -> dict:
 
 
 def generic_records(kind: str, n: int = 3) -> list[dict]:
-    return [make_record(kind, {"case": f"c{i}", "seq": 16 * (i + 1)}, {"time_ms": 1.5 * (i + 1), "count": i},
-                        env=env()) for i in range(n)]
+    # list and table values too (calibrate, precision and straggler records hold them)
+    return [make_record(kind, {"ranks": [0, i], "case": f"c{i}", "seq": 16 * (i + 1), "plan": {"dp": i}},
+                        {"time_ms": 1.5 * (i + 1), "count": i, "rows": [{"a": i}]}, env=env()) for i in range(n)]
 
 
 def comm_records() -> list[dict]:

@@ -45,8 +45,8 @@ def plot_table(kind: str, table: str | None, rows: Sequence[dict[str, Any]], ide
     known = hint(kind, table)
     x = known.x if known else None
     if x is None:  # a numeric field swept over three values or more reads best as a line
-        x = next((c for c in identity if len({row.get(c) for row in rows}) >= 3
-                  and all(_number(row.get(c)) for row in rows)), None)
+        x = next((c for c in identity if all(_number(row.get(c)) for row in rows)
+                  and len({row.get(c) for row in rows}) >= 3), None)
     if x is not None and all(_number(row.get(x)) for row in rows):
         others = [c for c in identity if c != x]
         groups: dict[str, list[tuple[float, float]]] = {}
