@@ -19,6 +19,7 @@ def test_linear_and_log_axes_map_the_range_onto_the_pixels():
     assert linear.ticks() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     narrow = Axis(2000.0, 8000.0, 0.0, 1.0, log=True)  # less than a decade: 2 and 5 get labels
     assert narrow.ticks() == [2000.0, 5000.0]
+    assert Axis(12000.0, 21000.0, 0.0, 1.0, log=True).ticks() == [12000.0, 14000.0, 16000.0, 18000.0, 20000.0]
 
 
 def test_line_chart_markers_sit_on_their_values_with_a_hover_title():

@@ -69,8 +69,11 @@ class Axis:
             if len(decades) >= 2:
                 return decades
             # less than two decades in range: 1, 2 and 5 of each, so the axis still has labels
-            return [m * 10.0 ** e for e in range(first - 1, last + 1) for m in (1, 2, 5)
-                    if self.low <= m * 10.0 ** e <= self.high]
+            marks = [m * 10.0 ** e for e in range(first - 1, last + 1) for m in (1, 2, 5)
+                     if self.low <= m * 10.0 ** e <= self.high]
+            if len(marks) >= 2:
+                return marks
+            return Axis(self.low, self.high, self.start, self.end).ticks()  # narrower still: linear steps
         span = self.high - self.low or abs(self.high) or 1.0
         raw = span / 5
         magnitude = 10 ** math.floor(math.log10(raw))
@@ -168,13 +171,14 @@ def bar_chart(labels: Sequence[str], values: Sequence[float], *, y_label: str, x
     base = y_axis(0.0)
     for index, (label, value) in enumerate(shown):
         top = y_axis(value)
-        left = x_axis.start + index * slot + slot * 0.15
+        width = min(slot * 0.7, 80.0)  # a lone bar stays a bar, not a wall
+        left = x_axis.start + index * slot + (slot - width) / 2
         colour = colours[kept[index][2]] if len(colours) > 1 else (index if len(shown) <= COLOURS else 0)
         body.append(f'<rect class="bar s{colour % COLOURS}" x="{left:.1f}" '
-                    f'y="{min(top, base):.1f}" width="{slot * 0.7:.1f}" height="{abs(base - top):.1f}">'
+                    f'y="{min(top, base):.1f}" width="{width:.1f}" height="{abs(base - top):.1f}">'
                     f"<title>{escape(label)}: {escape(format_value(value))}</title></rect>")
         if len(shown) <= 12:  # room for a label under every bar
-            body.append(f'<text x="{left + slot * 0.35:.1f}" y="{base + 14:.1f}" text-anchor="middle">'
+            body.append(f'<text x="{left + width / 2:.1f}" y="{base + 14:.1f}" text-anchor="middle">'
                         f"{escape(_short(label, int(slot / 6.5)))}</text>")
     note = "" if len(shown) == len(labels) else \
         f'<p class="caption">the first {len(shown)} of {len(labels)} rows (every row is in the table)</p>'
