@@ -13,7 +13,7 @@ from stepscope.report.html import Page
 from stepscope.report.kinds import DESCRIPTIONS
 from stepscope.report.plots import choose_metric, plot_table
 from stepscope.report.study import Study, sub_tables
-from stepscope.results.views import columns_of, default_columns, format_value, record_row
+from stepscope.results.views import columns_of, default_columns, format_value, layout_rows, record_row
 
 
 def anchor(kind: str) -> str:
@@ -62,7 +62,7 @@ def kind_section(page: Page, kind: str, records: Sequence[dict[str, Any]], found
     for name, members in groups.items():
         rows = [record_row(r) for r in members]
         columns = [c for c in default_columns(members, rows) if c != "record"]
-        metric_columns = columns_of([record_row({"metrics": r.get("metrics") or {}}) for r in members])
+        metric_columns = columns_of(layout_rows(members, "metrics"))
         metric = choose_metric(kind, name, rows, metric_columns)
         if metric is not None and metric not in columns:  # the plotted metric is always in the table
             columns.insert(columns.index("status") + 1 if "status" in columns else len(columns), metric)

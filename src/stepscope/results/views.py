@@ -147,8 +147,8 @@ def default_columns(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, 
     """The columns `stepscope show` and the report print by default for `records` (their `record_row`s given as
     `rows`): the kind when several are mixed, the configuration fields that tell rows apart, the status and the
     metrics (medians, not every statistic), and the note when a row has one."""
-    config_keys = [c for c in columns_of(_section_rows(records, "config")) if c not in ("kind", "status")]
-    metric_keys = [c for c in columns_of(_section_rows(records, "metrics"))
+    config_keys = [c for c in columns_of(layout_rows(records, "config")) if c not in ("kind", "status")]
+    metric_keys = [c for c in columns_of(layout_rows(records, "metrics"))
                    if c not in ("kind", "status") and not c.endswith(QUIET_SUFFIXES)]
     kinds = ["kind"] if len({r.get("kind") for r in records}) > 1 else []
     identity = varying_columns(rows, config_keys) or [c for c in config_keys if "." not in c][:6]
@@ -158,7 +158,7 @@ def default_columns(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, 
     return columns
 
 
-def _section_rows(records: Sequence[dict[str, Any]], section: str) -> list[dict[str, Any]]:
+def layout_rows(records: Sequence[dict[str, Any]], section: str) -> list[dict[str, Any]]:
     """`record_row` of one section (config or metrics) of each record whose layout (keys, and keys of nested
     tables) was not seen yet: records of one sweep share a layout, so 10,000 records flatten a few times."""
     seen: set[tuple] = set()
