@@ -1,7 +1,7 @@
 """`python -m stepscope.report.browser_check [REPORT.html]` (`make browser-check`): load a report in headless
 Chromium and check what only a browser can: no console errors or uncaught exceptions, every plot laid out (each
-SVG has a non-empty bounding box), sorting and filtering work, the page follows a dark colour scheme; then save a
-screenshot. Without a report it checks one of a generated study (`benchmark.synthetic_study`).
+SVG has a non-empty bounding box), sorting and filtering work, the page follows a dark colour scheme, it prints to
+PDF; then save a screenshot. Without a report it checks one of a generated study (`benchmark.synthetic_study`).
 
 How: a copy of the page gets a probe script at the top of its <head> that records errors, and after `load` measures
 the SVGs, clicks a numeric header, types into a filter and writes what it found into the DOM, which Chromium's
@@ -106,6 +106,20 @@ def screenshot(browser: str, report: Path, out: Path, *, width: int = 1280, heig
     return out
 
 
+def print_pages(browser: str, report: Path) -> int:
+    """Print the page to PDF as a reader's "Save as PDF" would (the print stylesheet applies) and count its pages
+    (0: no PDF came out)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        pdf = Path(scratch) / "report.pdf"
+        _run(browser, ["--no-pdf-header-footer", f"--print-to-pdf={pdf}", report.resolve().as_uri()],
+             str(Path(scratch) / "profile"))
+        data = pdf.read_bytes() if pdf.exists() else b""
+    if not data.startswith(b"%PDF"):
+        return 0
+    # page objects are plain text in Chromium's PDFs; were they ever compressed, a PDF still counts as one page
+    return max(data.count(b"/Type /Page") - data.count(b"/Type /Pages"), 1)
+
+
 def problems(light: dict[str, Any], dark: dict[str, Any]) -> list[str]:
     """What the probes found wrong, one line each (empty: the page passed)."""
     found = [*light["errors"], *(f"(dark) {e}" for e in dark["errors"])]
@@ -145,13 +159,15 @@ def main(argv: list[str] | None = None) -> int:
         report = Path(args.report) if args.report else _generated_report(Path(scratch))
         light, dark = probe(browser, report), probe(browser, report, dark=True)
         shot = screenshot(browser, report, Path(args.screenshot))
+        pages = print_pages(browser, report)
     version = subprocess.run([browser, "--version"], capture_output=True, text=True, check=False).stdout.strip()
     print(f"{version}: {light['svgs']} SVG plots, sorted {light.get('sorted')}, filter kept "
           f"{(light.get('filter_rows') or ['-'])[0]} of {(light.get('filter_rows') or ['-', '-'])[1]} rows on "
           f"{light.get('filter_word')!r}, background {light['background']} (light) / {dark['background']} (dark)")
-    found = problems(light, dark)
+    found = problems(light, dark) + ([] if pages else ["printing to PDF gave no page"])
     for line in found:
         print(f"FAIL: {line}")
+    print(f"printed to PDF: {pages} pages")
     print(f"screenshot: {shot}")
     print("browser-check " + ("failed" if found else "passed"))
     return 1 if found else 0
