@@ -28,7 +28,6 @@ th,td{padding:3px 10px;border-bottom:1px solid var(--line);text-align:left;white
 th{position:sticky;top:0;background:var(--head);font-weight:600}
 table.sortable th{cursor:pointer;user-select:none}
 th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
-td.wrap{white-space:normal;min-width:320px}
 figure{margin:8px 0}svg.plot{display:block;max-width:100%;height:auto;color:var(--fg)}
 svg.plot text{fill:currentColor;font-size:11px}.axis{stroke:currentColor;stroke-width:1}
 .grid{stroke:var(--line);stroke-width:.6}.line{fill:none;stroke:var(--c);stroke-width:1.6}
