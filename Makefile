@@ -10,7 +10,7 @@ EXTRAS ?= test,lint,triton,mpi
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stepscope-setup
 
-.PHONY: setup run test lint clean
+.PHONY: setup run test lint browser-check clean
 
 setup: $(STAMP)
 
@@ -21,9 +21,11 @@ $(STAMP): pyproject.toml scripts/install_torch.sh
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
-# The main job: one measured training step of the `small` model, per-phase table.
+# The main job: one measured training step of the `small` model, per-phase table; then the HTML report of the
+# results folder (the line `report: stepscope-results/report.html` says where).
 run: setup
 	$(VENV)/bin/stepscope step --model small --batch 4 --seq 128 --mode train --warmup 2 --iters 5
+	$(VENV)/bin/stepscope report stepscope-results -o stepscope-results/report.html
 
 test: setup
 	$(PY) -m pytest -q
@@ -31,6 +33,20 @@ test: setup
 # ruff with the project's rules (pyproject.toml); its default excludes skip no folder of src/ or tests/
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# A report in headless Chromium: no console errors, every plot laid out, sorting, filtering and the dark scheme
+# work, a screenshot (stepscope-results/browser-check.png). REPORT=path checks that page instead of a generated
+# one. Installs Debian's chromium where apt-get may (root; BROWSER_INSTALL=0 never does); no browser: a skip.
+BROWSER_INSTALL ?= 1
+REPORT ?=
+browser-check: setup
+	@if [ "$(BROWSER_INSTALL)" = 1 ] && [ -z "$$STEPSCOPE_BROWSER" ] && ! command -v chromium >/dev/null 2>&1 \
+	    && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Debian's chromium for the browser check"; \
+	  apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && \
+	    apt-get install -y -qq chromium >/dev/null 2>&1; } || echo "could not install chromium"; \
+	fi
+	$(PY) -m stepscope.report.browser_check $(REPORT)
 
 clean:
 	rm -rf $(VENV) stepscope-results

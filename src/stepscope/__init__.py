@@ -55,6 +55,8 @@ _API: dict[str, str | tuple[str, str]] = {
     "run_innet_timeout_profile": ("stepscope.innet.timeout_profile", "run_profile"),
     "SimConfig": "stepscope.innet.simulator", "run_innet_simulate": ("stepscope.innet.sim_sweep", "run_simulate"),
     "SwitchConfig": "stepscope.innet.switch",
+    # report: one HTML page of a study
+    "build_report": ("stepscope.report", "build"), "write_report": "stepscope.report",
 }
 
 __all__ = ["ModelSpec", "Workload", "get_preset", "list_presets", "__version__", *_API]

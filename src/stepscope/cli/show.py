@@ -12,10 +12,6 @@ DESCRIPTION = ("Render records from a .jsonl file or a results folder. Default c
                "that differ between records, the status, and the metrics (medians, not every statistic).")
 
 
-# statistics hidden by default (the median stays): `--columns all` shows everything
-_QUIET_SUFFIXES = ("_mean", "_std", "_min", "_max", "_p10", "_p90", "_n")
-
-
 def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="a .jsonl file or a folder of them (e.g. stepscope-results)")
     parser.add_argument("--format", default="table", choices=FORMATS)
@@ -34,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
     from stepscope.errors import UsageError
     from stepscope.results.store import read_records
-    from stepscope.results.views import columns_of, record_row, varying_columns
+    from stepscope.results.views import columns_of, default_columns, record_row
 
     records = read_records(args.path)
     if args.kind:
@@ -53,15 +49,7 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise UsageError(_unknown("column", unknown[0], available))
     else:
-        config_keys = [c for c in columns_of([record_row({"config": r["config"]}) for r in records])
-                       if c not in ("kind", "status")]
-        metric_keys = [c for c in columns_of([record_row({"metrics": r["metrics"]}) for r in records])
-                       if c not in ("kind", "status") and not c.endswith(_QUIET_SUFFIXES)]
-        kinds = ["kind"] if len({r.get("kind") for r in records}) > 1 else []
-        identity = varying_columns(rows, config_keys) or [c for c in config_keys if "." not in c][:6]
-        columns = kinds + identity + ["status"] + metric_keys
-        if any("note" in row for row in rows):
-            columns.append("note")
+        columns = default_columns(records, rows)
     printer = Printer(args.format)
     if not args.group_by:
         printer.emit(rows, columns=columns)
