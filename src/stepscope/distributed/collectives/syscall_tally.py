@@ -51,7 +51,8 @@ def trace_job(job: Job, config: CommConfig, *, strace: str,
             done = subprocess.run(argv, env=env, capture_output=True, text=True,
                                   timeout=config.timeout_s * (2 + len(job.points)))
         except subprocess.TimeoutExpired:
-            raise DistributedError(f"the traced run of {job.backend} on {job.world_size} ranks did not finish") from None
+            raise DistributedError(f"the traced run of {job.backend} on {job.world_size} ranks did not finish "
+                                   "in time") from None
         if done.returncode != 0:
             tail = " ".join(done.stderr.strip().splitlines()[-3:])
             raise DistributedError(f"the traced run of {job.backend} on {job.world_size} ranks failed: {tail}")

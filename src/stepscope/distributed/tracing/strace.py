@@ -77,7 +77,7 @@ def find_strace() -> str:
     except (OSError, subprocess.TimeoutExpired) as error:
         raise UsageError(f"strace cannot run here: {error}") from None
     if probe.returncode != 0:
-        reason = (probe.stderr.strip().splitlines() or ["exit status %d" % probe.returncode])[-1]
+        reason = (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
         raise UsageError(f"strace is not permitted here ({reason}); tracing needs ptrace: run as a user allowed "
                          "to (kernel.yama.ptrace_scope, a container's SYS_PTRACE capability)")
     return path
