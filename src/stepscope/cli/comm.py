@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         if not outcome.reporting:
             return 0
     if outcome.syscalls:
-        _print_syscalls(args.format, printer, outcome.syscalls)
+        print_syscalls(args.format, printer, outcome.syscalls)
     if outcome.fits:
         from stepscope.distributed.collectives.report import fit_rows
 
@@ -185,7 +185,8 @@ def _print_tally(printer: Any, record: dict[str, Any], tally: dict[str, Any]) ->
             printer.note(f"  {empty}\n")
 
 
-def _print_syscalls(fmt: str, printer: Any, records: list[dict[str, Any]]) -> None:
+def print_syscalls(fmt: str, printer: Any, records: list[dict[str, Any]]) -> None:
+    """`syscalls` records (comm's or innet bench's): headers and side-by-side tables, or flat rows (csv/json)."""
     from stepscope.distributed.collectives.syscall_report import flat_rows, headers, side_by_side
 
     if fmt not in ("table", "md", "nccl-tests"):

@@ -25,7 +25,7 @@ TABLES: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
      (("poll_calls", "poll"), ("sync_calls", "sync"), ("wait_us", "wait_us"))),
     ("memory and threads: mmap/munmap/brk/madvise/mprotect calls, bytes mapped, threads created",
      (("memory_calls", "mem"), ("memory_bytes", "mapped_B"), ("thread_calls", "clones"))),
-    ("the tracer's overhead: time per collective call untraced (the `comm` run) and under strace",
+    ("the tracer's overhead: time per collective call untraced (the command's own timed run) and under strace",
      (("untraced_time_us", "plain_us"), ("traced_time_us", "traced_us"), ("overhead_x", "x"))),
 )
 PER_CALL = {"calls", "time_us", "send_calls", "recv_calls", "send_bytes", "copy_calls", "copy_bytes", "poll_calls",
@@ -34,7 +34,9 @@ PER_CALL = {"calls", "time_us", "send_calls", "recv_calls", "send_bytes", "copy_
 
 
 def syscall_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("kind") == "comm" and r.get("config", {}).get("record") == "syscalls"]
+    """The `syscalls` records among `records` (comm's and innet bench's)."""
+    return [r for r in records if r.get("kind") in ("comm", "innet-bench")
+            and r.get("config", {}).get("record") == "syscalls"]
 
 
 def _group(record: dict[str, Any]) -> str:
@@ -59,24 +61,35 @@ def headers(records: Iterable[dict[str, Any]]) -> list[str]:
 
 
 def side_by_side(records: Iterable[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
-    """(title, rows) per table: one row per op and size, `<backend><world>_<column>` per backend and world size."""
+    """(title, rows) per world size and table: one row per size (and op, mode, dtype, placement where they vary),
+    `<backend><world>_<column>` per backend; one set of tables per world size keeps them readable."""
     chosen = syscall_records(records)
+    worlds = sorted({r["config"]["world_size"] for r in chosen})
+    return [(f"{title} | {world} ranks", rows) for world in worlds
+            for title, rows in _tables([r for r in chosen if r["config"]["world_size"] == world])]
+
+
+def _tables(chosen: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
     tables = []
     for title, columns in TABLES:
-        rows: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
+        rows: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
         for record in chosen:
             c, m = record["config"], record["metrics"]
-            row = rows.setdefault((c["op"], c["size_bytes"]), {"op": c["op"], "size_B": c["size_bytes"]})
+            ident = {"op": c["op"], "size_B": c["size_bytes"], "mode": c.get("mode"), "dtype": c.get("dtype"),
+                     "place": {True: "in", False: "out"}.get(c.get("in_place"))}
+            row = rows.setdefault(tuple(ident.values()), dict(ident))
             values = {**m, "wait_us": m["poll_time_us"] + m["sync_time_us"]}
             for metric, column in columns:
                 value = values.get(metric)
                 if metric in PER_CALL and value is not None:
                     value = value / c["iters"]
                 row[f"{_group(record)}_{column}"] = value
-        ordered = sorted(rows.values(), key=lambda r: (r["op"], r["size_B"]))
-        if len({r["op"] for r in ordered}) == 1:
-            for r in ordered:
-                r.pop("op")
+        ordered = sorted(rows.values(), key=lambda r: tuple(str(r[k]) if k != "size_B" else r[k] for k in
+                                                           ("op", "mode", "dtype", "place", "size_B")))
+        for name in ("op", "mode", "dtype", "place"):  # say what varies only
+            if len({r[name] for r in ordered}) == 1:
+                for r in ordered:
+                    r.pop(name)
         tables.append((f"{title}; per collective call, all ranks", ordered))
     return tables
 

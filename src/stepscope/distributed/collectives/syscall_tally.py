@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,9 +23,8 @@ from typing import Any
 from stepscope.distributed.collectives.benchmark import Job
 from stepscope.distributed.collectives.config import CommConfig
 from stepscope.distributed.collectives.rank import mark_key
-from stepscope.distributed.tracing.strace import read_threads, strace_command
-from stepscope.distributed.tracing.windows import MARK_ENV, find_windows, tally_window
-from stepscope.errors import DistributedError
+from stepscope.distributed.tracing.strace import trace_program
+from stepscope.distributed.tracing.windows import find_windows, tally_window
 from stepscope.results.store import RecordStore, make_record
 
 JOB_MODULE = "stepscope.distributed.collectives.syscall_job"
@@ -44,20 +41,11 @@ def trace_job(job: Job, config: CommConfig, *, strace: str,
         plan = dataclasses.asdict(dataclasses.replace(config, backends=(job.backend,), worlds=(job.world_size,),
                                                       syscalls=False, tally=False))
         (tmp / "plan.json").write_text(json.dumps(plan))
-        argv = strace_command(strace, tmp / "t", [sys.executable, "-m", JOB_MODULE, str(tmp / "plan.json"),
-                                                  str(tmp / "out")])
-        env = {**os.environ, MARK_ENV: "1"}
-        try:  # the job bounds its own waits (--timeout); this bound is for strace itself
-            done = subprocess.run(argv, env=env, capture_output=True, text=True,
-                                  timeout=config.timeout_s * (2 + len(job.points)))
-        except subprocess.TimeoutExpired:
-            raise DistributedError(f"the traced run of {job.backend} on {job.world_size} ranks did not finish "
-                                   "in time") from None
-        if done.returncode != 0:
-            tail = " ".join(done.stderr.strip().splitlines()[-3:])
-            raise DistributedError(f"the traced run of {job.backend} on {job.world_size} ranks failed: {tail}")
+        threads = trace_program(strace, tmp / "t", [sys.executable, "-m", JOB_MODULE, str(tmp / "plan.json"),
+                                                    str(tmp / "out")],
+                                timeout_s=config.timeout_s * (2 + len(job.points)),
+                                what=f"{job.backend} on {job.world_size} ranks")
         traced = {r["key"]: r for r in RecordStore(tmp / "out", "comm").records()}
-        threads = read_threads(tmp / "t")
     windows = find_windows(threads)
     records = []
     for point in job.points:
@@ -73,6 +61,14 @@ def trace_job(job: Job, config: CommConfig, *, strace: str,
 def _record(point_config: dict[str, Any], tally: dict[str, Any], traced: dict[str, Any],
             plain: dict[str, Any] | None) -> dict[str, Any]:
     config = {**point_config, "record": "syscalls", "tracer": TRACER}
+    metrics = tally_metrics(tally, traced["metrics"].get("time_us_max"),
+                            plain["metrics"].get("time_us_max") if plain else None)
+    return make_record("comm", config, metrics, env=traced.get("env"))
+
+
+def tally_metrics(tally: dict[str, Any], traced_us: float | None, untraced_us: float | None) -> dict[str, Any]:
+    """A window's tally (`tracing.windows.tally_window`) as record metrics: per kind calls, time and bytes, the
+    totals, the processes and threads, and the time per call traced and untraced with their ratio."""
     metrics: dict[str, Any] = {"hostnames": 1, "processes": tally["processes"], "threads": tally["threads"],
                                "active_threads": tally["active_threads"], "rank_tasks": tally["rank_tasks"],
                                "programs": tally["programs"], "window_s": tally["window_s"]}
@@ -84,9 +80,7 @@ def _record(point_config: dict[str, Any], tally: dict[str, Any], traced: dict[st
     metrics["calls"] = sum(slot["calls"] for slot in tally["kinds"].values())
     metrics["time_us"] = sum(slot["time_us"] for slot in tally["kinds"].values())
     metrics["errors"] = sum(slot["errors"] for slot in tally["kinds"].values())
-    traced_us = traced["metrics"].get("time_us_max")
-    plain_us = plain["metrics"].get("time_us_max") if plain else None
-    metrics.update({"traced_time_us": traced_us, "untraced_time_us": plain_us,
-                    "overhead_x": traced_us / plain_us if traced_us and plain_us else None,
+    metrics.update({"traced_time_us": traced_us, "untraced_time_us": untraced_us,
+                    "overhead_x": traced_us / untraced_us if traced_us and untraced_us else None,
                     "syscalls": tally["syscalls"]})
-    return make_record("comm", config, metrics, env=traced.get("env"))
+    return metrics

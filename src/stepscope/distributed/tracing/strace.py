@@ -20,7 +20,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stepscope.errors import UsageError
+from stepscope.errors import DistributedError, UsageError
 
 STRACE_FLAGS = ("-f", "-ff", "-ttt", "-T", "-y", "-qq", "-s", "0")
 """Follow children and threads (-f), one output file per thread (-ff), epoch timestamps (-ttt), time spent in
@@ -86,6 +86,24 @@ def find_strace() -> str:
 def strace_command(strace: str, prefix: str | os.PathLike, argv: list[str]) -> list[str]:
     """`argv` under strace, each thread's calls written to `<prefix>.<tid>`."""
     return [strace, *STRACE_FLAGS, "-o", str(prefix), "--", *argv]
+
+
+def trace_program(strace: str, prefix: str | os.PathLike, argv: list[str], *, timeout_s: float,
+                  what: str) -> dict[int, ThreadTrace]:
+    """Run `argv` under strace with window marks switched on (`windows.MARK_ENV`), output under `prefix`; every
+    thread's trace. DistributedError (naming `what`) when the program fails or outlives `timeout_s`."""
+    from stepscope.distributed.tracing.windows import MARK_ENV
+
+    env = {**os.environ, MARK_ENV: "1"}
+    try:  # the program bounds its own waits; this bound is for strace itself
+        done = subprocess.run(strace_command(strace, prefix, argv), env=env, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise DistributedError(f"the traced run of {what} did not finish within {timeout_s:.0f} s") from None
+    if done.returncode != 0:
+        tail = " ".join(done.stderr.strip().splitlines()[-3:])
+        raise DistributedError(f"the traced run of {what} failed: {tail}")
+    return read_threads(prefix)
 
 
 def parse_line(line: str) -> Syscall | None:
