@@ -88,7 +88,12 @@ def run_comm(config: CommConfig, out: str | os.PathLike | None = None, *, resume
         if result is None:  # not rank 0 under torchrun/Slurm
             continue
         outcome.records.extend(result.records)
-        if strace is not None and result.records:
+        if result.skipped_done:
+            say(f"skipped {result.skipped_done} point(s) of {job.backend} on {job.world_size} ranks already in "
+                f"{store.path} (--resume)")
+        if outcome.reporting:
+            on_job(result)
+        if strace is not None and result.records:  # the same job again under strace (`syscall_tally`)
             from stepscope.distributed.collectives.syscall_tally import trace_job
 
             say(f"tracing {job.backend} on {job.world_size} ranks under strace ...")
@@ -97,11 +102,6 @@ def run_comm(config: CommConfig, out: str | os.PathLike | None = None, *, resume
                 if store is not None:
                     store.append(record)
             outcome.syscalls.extend(traced)
-        if result.skipped_done:
-            say(f"skipped {result.skipped_done} point(s) of {job.backend} on {job.world_size} ranks already in "
-                f"{store.path} (--resume)")
-        if outcome.reporting:
-            on_job(result)
     if not outcome.reporting:
         return outcome
     outcome.sweep = outcome.records
