@@ -1,6 +1,6 @@
 """The strace layer on a real traced program (no torch, about a second): a child that, inside a marked window,
-starts one thread and sends known bytes over a real socket pair in a known number of writes; the tally must
-count exactly that. Skipped where strace is absent or not permitted (that path has its own test)."""
+starts one thread and sends known bytes over a real socket pair in a known number of writes (and sends, receives
+and starts a thread outside it); the tally must count exactly what happened inside. Skipped where strace is absent or not permitted (that path has its own test)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ CHILD = textwrap.dedent(f"""
     got = []
     reader = threading.Thread(target=lambda: got.append(sum(len(b.recv(1 << 16)) for _ in range({WRITES}))))
     mark = window_marker(0, "demo")
+    a.send(b"y" * 3)  # outside the window: never counted
+    b.recv(3)
     mark("begin")
     reader.start()
     for _ in range({WRITES}):
@@ -31,6 +33,9 @@ CHILD = textwrap.dedent(f"""
         threading.Event().wait(0.02)  # let the reader drain each write: one recv per send
     reader.join()
     mark("end")
+    a.send(b"z" * 5)
+    b.recv(5)
+    threading.Thread(target=lambda: None).start()
     assert got == [{WRITES * CHUNK}], got
 """)
 
