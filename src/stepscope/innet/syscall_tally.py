@@ -18,7 +18,7 @@ from typing import Any
 
 from stepscope.distributed.collectives.syscall_tally import TRACER, tally_metrics
 from stepscope.distributed.tracing.strace import find_strace, trace_program
-from stepscope.distributed.tracing.windows import find_windows, tally_window
+from stepscope.distributed.tracing.windows import find_windows, tally_window, window_name
 from stepscope.errors import UsageError
 from stepscope.results.store import RecordStore, make_record
 
@@ -54,7 +54,7 @@ def trace_bench(config: Any, rows: list[dict[str, Any]], *, strace: str) -> list
         for mode in config.modes:
             ops = config.batch if mode == "batch" else 1
             for impl in ("innet", "gloo") if config.gloo else ("innet",):
-                window = windows.get(f"{impl}:{size}:{mode}")
+                window = windows.get(window_name(f"{impl}:{size}:{mode}"))
                 if window is None:
                     continue
                 traced, plain = (_latency_us(r, impl, size, mode) for r in (traced_rows, rows))

@@ -24,7 +24,7 @@ from stepscope.distributed.collectives.benchmark import Job
 from stepscope.distributed.collectives.config import CommConfig
 from stepscope.distributed.collectives.rank import mark_key
 from stepscope.distributed.tracing.strace import trace_program
-from stepscope.distributed.tracing.windows import find_windows, tally_window
+from stepscope.distributed.tracing.windows import find_windows, tally_window, window_name
 from stepscope.results.store import RecordStore, make_record
 
 JOB_MODULE = "stepscope.distributed.collectives.syscall_job"
@@ -50,7 +50,7 @@ def trace_job(job: Job, config: CommConfig, *, strace: str,
     records = []
     for point in job.points:
         key = make_record("comm", point.config())["key"]
-        window = windows.get(mark_key(point))
+        window = windows.get(window_name(mark_key(point)))
         if window is None or key not in traced:  # unsupported or oom: no timed calls to tally
             continue
         tally = tally_window(threads, window)

@@ -37,7 +37,7 @@ def window_marker(rank: int, key: str) -> Callable[[str], None]:
     make no extra call at all). The task count is read before the begin mark, so it is outside the window."""
     if not os.environ.get(MARK_ENV):
         return lambda edge: None
-    safe = re.sub(r"[^\w.:=-]", "_", key)
+    safe = window_name(key)
 
     def mark(edge: str) -> None:
         tasks = len(os.listdir("/proc/self/task")) if edge == "begin" else 0
@@ -47,6 +47,12 @@ def window_marker(rank: int, key: str) -> Callable[[str], None]:
             pass
 
     return mark
+
+
+def window_name(key: str) -> str:
+    """The name a window of `key` has in the trace (and in `find_windows`): characters a path could not carry
+    safely become `_`."""
+    return re.sub(r"[^\w.:=-]", "_", key)
 
 
 @dataclass
