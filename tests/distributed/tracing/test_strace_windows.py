@@ -1,6 +1,7 @@
 """The strace layer on a real traced program (no torch, about a second): a child that, inside a marked window,
-starts one thread and sends known bytes over a real socket pair in a known number of writes (and sends, receives
-and starts a thread outside it); the tally must count exactly what happened inside. Skipped where strace is absent or not permitted (that path has its own test)."""
+starts one thread and sends known bytes over a real socket pair in a known number of writes (and sends,
+receives and starts a thread outside it); the tally must count exactly what happened inside. Skipped where
+strace is absent or not permitted (that path has its own test)."""
 
 from __future__ import annotations
 
