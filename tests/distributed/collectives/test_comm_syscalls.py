@@ -42,7 +42,9 @@ def test_ring_all_reduce_sends_what_the_algorithm_says(cli, tmp_path):
         assert sends >= 2 * (n - 1) * n, (n, size, sends)
         header = (m["send_bytes"] / iters - 2 * (n - 1) * size) / sends
         headers.add(round(header, 6))
-        assert m["recv_bytes"] == m["send_bytes"]  # loopback: every byte sent is received
+        # loopback: every byte sent is received, but each rank's window opens on its own, so a peer's first
+        # message (or its header) can be read just before the receiver's mark: at most one message per rank
+        assert abs(m["recv_bytes"] - m["send_bytes"]) <= size + 64 * n, (m["recv_bytes"], m["send_bytes"])
         calls_per_rank.setdefault(n, set()).add(sends / n)
         assert m["processes"] >= n + 1 and m["rank_tasks"] >= 2 * n  # launcher + ranks; gloo's threads per rank
         assert m["untraced_time_us"] > 0 and m["traced_time_us"] > 0 and m["overhead_x"] > 0
