@@ -46,6 +46,7 @@ _API: dict[str, str | tuple[str, str]] = {
     "CalibrateConfig": "stepscope.perfmodel.calibrate_run", "run_calibrate": "stepscope.perfmodel.calibrate_run",
     # analyse: PyTorch profiler traces of real runs
     "TraceConfig": "stepscope.traces.config", "run_trace": "stepscope.traces.run",
+    "run_trace_tally": "stepscope.traces.tally",
     # in-network aggregation (`stepscope innet ...`): the innet names say so, as `ProfileConfig` is taken
     "InnetBenchConfig": ("stepscope.innet.bench", "BenchConfig"),
     "run_innet_bench": ("stepscope.innet.bench", "run_bench"),

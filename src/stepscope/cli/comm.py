@@ -65,8 +65,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                        backends="gloo|nccl|mpi|oneccl|horovod, or auto: nccl when every rank has a GPU, else gloo",
                        timeout_help="seconds a rank may wait on a peer (mpi: job silence)")
     extra = parser.add_argument_group("reports")
-    extra.add_argument("--tally", action="store_true", help="per-backend tables of host API calls, device activity "
-                       "and memory traffic for every point (torch.profiler; timing wrappers for mpi)")
+    extra.add_argument("--tally", nargs="?", const="api", choices=("api", "syscalls"), default=None,
+                       help="api (the default of a bare --tally): per-backend tables of host API calls, device "
+                       "activity and memory traffic for every point (torch.profiler; timing wrappers for mpi); "
+                       "syscalls: each job again under strace, what the backend does beneath its API (system "
+                       "calls by kind, processes, threads) side by side per size, with the tracer's overhead")
     extra.add_argument("--fit", action="store_true", help="least-squares α–β fit per backend, op and world size "
                        "(stored as records for calibration)")
     extra.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
@@ -96,7 +99,8 @@ def build_config(args: argparse.Namespace) -> CommConfig:
         root=one_value(args.root, non_negative_int, "--root"),
         skews=tuple(dict.fromkeys(parse_list(args.skew, non_negative_float, "--skew"))), seed=args.seed,
         threads=optional_value(args.threads, positive_int, "--threads"),
-        timeout_s=one_value(args.timeout, positive_float, "--timeout"), tally=args.tally)
+        timeout_s=one_value(args.timeout, positive_float, "--timeout"), tally=args.tally == "api",
+        syscalls=args.tally == "syscalls")
 
 
 def default_text(name: str) -> str:
@@ -134,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
                            on_note=side.note, on_job=show)
         if not outcome.reporting:
             return 0
+    if outcome.syscalls:
+        print_syscalls(args.format, printer, outcome.syscalls)
     if outcome.fits:
         from stepscope.distributed.collectives.report import fit_rows
 
@@ -183,3 +189,19 @@ def _print_tally(printer: Any, record: dict[str, Any], tally: dict[str, Any]) ->
             printer.emit(rows)
         else:
             printer.note(f"  {empty}\n")
+
+
+def print_syscalls(fmt: str, printer: Any, records: list[dict[str, Any]]) -> None:
+    """`syscalls` records (comm's or innet bench's): headers and side-by-side tables, or flat rows (csv/json)."""
+    from stepscope.distributed.collectives.syscall_report import flat_rows, headers, side_by_side
+
+    if fmt not in ("table", "md", "nccl-tests"):
+        printer.emit(flat_rows(records))
+        return
+    printer.note("beneath the API (strace): processes and threads alive during the timed calls, launcher included")
+    for line in headers(records):
+        printer.note(line)
+    printer.note("  device: none (CPU backends move data with host threads)\n")
+    for title, rows in side_by_side(records):
+        printer.note(title)  # as its own line: a table title would wrap at the table's width
+        printer.emit(rows)

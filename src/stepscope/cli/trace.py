@@ -37,6 +37,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add_config_option(group, TraceConfig, "--launch-bound-share", "a step is launch-bound when more than this share "
                       "of its kernels took longer to launch than to run")
     group.add_argument("--progress", action="store_true", help="show a progress bar while reading")
+    group.add_argument("--tally", action="store_true", help="THAPI-style tables instead of the analysis: host API "
+                       "calls (CUDA runtime), device activity (NCCL kernels by name), memory operations (memcpy / "
+                       "memset), collectives by message size; the files side by side (records: trace-tally)")
     add_output_options(parser, resume=False)
     add_plot_options(parser, "trace.png")
 
@@ -50,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
                          launch_bound_share=one_value(args.launch_bound_share, positive_float,
                                                       "--launch-bound-share"),
                          plot="" if args.no_plot else args.plot)
+    if args.tally:
+        return _run_tally(config, args)
     bar = ProgressBar("reading traces", unit="bytes", wanted=lambda total: args.progress or (
         sys.stderr.isatty() and total > PROGRESS_ABOVE_MiB * 2**20))
     try:
@@ -76,6 +81,28 @@ def run(args: argparse.Namespace) -> int:
     printer.emit(outcome.top_rows("cpu_ops"), title=f"top {config.top} CPU ops per rank (inclusive time)")
     if outcome.plot is not None:
         printer.note(f"plot: {outcome.plot}")
+    if outcome.path is not None:
+        printer.note(f"records: {outcome.path}")
+    return 0
+
+
+def _run_tally(config: TraceConfig, args: argparse.Namespace) -> int:
+    from stepscope.cli.output import Printer
+    from stepscope.traces.tally import run_trace_tally
+    from stepscope.traces.tally_report import flat_rows, headers, tables
+
+    outcome = run_trace_tally(config, args.out)
+    records = outcome.records()
+    printer = Printer(args.format)
+    if args.format in ("csv", "json"):
+        printer.emit(flat_rows(records))
+    else:
+        for line in headers(records):
+            printer.note(line)
+        printer.note("")
+        for title, rows in tables(records, top=config.top):
+            printer.note(title)  # its own line: a table title would wrap at the table's width
+            printer.emit(rows)
     if outcome.path is not None:
         printer.note(f"records: {outcome.path}")
     return 0

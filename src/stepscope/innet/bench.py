@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from stepscope.distributed.collectives.points import CALL_MODES
+from stepscope.distributed.tracing.windows import window_marker
 from stepscope.errors import UsageError
 from stepscope.innet.job_config import JobConfig, shared_job_id
 from stepscope.innet.reference import CheckResult, check_result, reference_input
@@ -58,6 +59,8 @@ class BenchConfig:
     """Also time gloo's all-reduce at the same world size."""
     check: bool = False
     """Check every result against the local reference (else only the first of each cell)."""
+    syscalls: bool = False
+    """Run the benchmark again under strace and tally what innet and gloo do beneath their APIs."""
     seed: int = 0
     """Seed of the inputs and of the straggler decisions."""
     job: JobConfig = field(default_factory=JobConfig)
@@ -144,10 +147,16 @@ def _time_cell(job: InnetJob, config: BenchConfig, mode: str, inputs: list[np.nd
     check = CheckResult()
 
     def run(impl: str, round_index: int) -> float:
+        # timed rounds are marked for a tracer (`--tally syscalls`); a no-op otherwise
+        mark = window_marker(rank, f"{impl}:{mine.nbytes}:{mode}") if round_index >= config.warmup else _no_mark
         dist.barrier()
+        mark("begin")
         if impl == "gloo":
-            return _time_gloo(tensors, mine, config, delays[round_index], len(inputs))
+            seconds = _time_gloo(tensors, mine, config, delays[round_index], len(inputs))
+            mark("end")
+            return seconds
         seconds, pendings = _time_innet(job, buffers, mine, config, delays[round_index])
+        mark("end")
         if round_index == 0 or config.check:
             for pending, buffer in zip(pendings, buffers, strict=True):
                 check.add(check_result(buffer, inputs, values_per_packet=job.config.k, average=config.op == "avg",
@@ -156,6 +165,10 @@ def _time_cell(job: InnetJob, config: BenchConfig, mode: str, inputs: list[np.nd
 
     labels = ["innet", "gloo"] if config.gloo else ["innet"]
     return interleaved_rounds(labels, run, warmup=config.warmup, iters=config.iters), check
+
+
+def _no_mark(edge: str) -> None:
+    """Warm-up rounds are not tallied."""
 
 
 def _time_innet(job: InnetJob, buffers: list[np.ndarray], source: np.ndarray, config: BenchConfig,
@@ -214,8 +227,12 @@ def _row(config: BenchConfig, size: int, mode: str, ops: int, gathered: list[Any
     return row
 
 
+@dataclass
 class BenchOutcome(RunOutcome[BenchConfig]):
     """`run_bench`'s outcome: the config as run and a row per cell."""
+
+    syscalls: list[dict[str, Any]] = field(default_factory=list)
+    """`syscalls` records of the traced run (with `syscalls`; see `innet.syscall_tally`)."""
 
     @property
     def wrong_elements(self) -> int:
@@ -229,6 +246,20 @@ def run_bench(config: BenchConfig, out: str | os.PathLike | None = None, *,
     switch at `switch` (None: a switch process started for the run; required under torchrun/Slurm), one
     `innet-bench` record per cell in `<out>/innet-bench.jsonl` (None: none). Rank 0's outcome; None on the
     other ranks under torchrun/Slurm."""
+    strace = None
+    if config.syscalls:  # no tracer here: one line before anything starts or is written
+        from stepscope.innet.syscall_tally import check_tracer
+
+        strace = check_tracer()
     config, store = start_run(config, out, switch, "innet-bench")
     results = run_ranks(bench_rank, config, out, out=out, switch=switch, timeout_s=120)
-    return None if results is None else BenchOutcome(config, results[0], None if store is None else store.path)
+    if results is None:
+        return None
+    outcome = BenchOutcome(config, results[0], None if store is None else store.path)
+    if strace is not None:
+        from stepscope.innet.syscall_tally import trace_bench
+
+        outcome.syscalls = trace_bench(config, outcome.rows, strace=strace)
+        for record in outcome.syscalls if store is not None else []:
+            store.append(record)
+    return outcome

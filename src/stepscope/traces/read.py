@@ -180,6 +180,17 @@ def read_trace(path: str | os.PathLike, stream_above_MiB: float = 256.0, progres
     """One trace file as a RankTrace; UsageError (one line) for a file that is not a complete trace."""
     path = Path(path)
     columns = _Columns()
+    meta = read_events(path, columns, stream_above_MiB, progress)
+    return _finish(path, meta, columns)
+
+
+def read_events(path: str | os.PathLike, sink: Any, stream_above_MiB: float = 256.0,
+                progress: Progress | None = None) -> dict[str, Any]:
+    """Hand every event of a trace file to `sink.add(events)` (an iterable of event dicts; `sink.events` counts
+    them), whole or streamed as `read_trace` does; returns the file's metadata (the top-level keys but the
+    events). UsageError (one line) for a file that is not a complete trace."""
+    path = Path(path)
+    columns = sink
     collecting = gc.isenabled()
     # millions of small dicts and no cycles: the cyclic collector would only rescan them (about a third of the time)
     gc.disable()
@@ -197,7 +208,7 @@ def read_trace(path: str | os.PathLike, stream_above_MiB: float = 256.0, progres
     finally:
         if collecting:
             gc.enable()
-    return _finish(path, meta, columns)
+    return meta
 
 
 def _read_whole(path: Path, columns: _Columns, progress: Progress | None) -> dict[str, Any]:

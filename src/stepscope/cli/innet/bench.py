@@ -47,6 +47,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preemptive", action="store_true", help="complete blocks at K without the timeout")
     parser.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline")
     parser.add_argument("--check", action="store_true", help="verify every result; count wrong elements")
+    parser.add_argument("--tally", choices=("syscalls",), default=None, help="syscalls: run the benchmark again "
+                        "under strace and tally what innet (workers and switch) and gloo do beneath their APIs: "
+                        "system calls by kind, processes, threads, per size side by side, with the overhead")
     add_seed_option(parser, BenchConfig, help="seed of inputs and straggler decisions")
     innet_options.add_job_options(parser)
     add_output_options(parser, resume=False)
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                          iters=one_value(args.iters, positive_int, "--iters"),
                          dtype=args.dtype, op=args.op, k=innet_options.optional_k(args.k),
                          preemptive=args.preemptive, gloo=not args.no_gloo, check=args.check, seed=args.seed,
-                         job=innet_options.job_config(args))
+                         job=innet_options.job_config(args), syscalls=args.tally == "syscalls")
     outcome = run_bench(config, args.out, switch=args.switch)
     if outcome is None:  # not rank 0 under torchrun/Slurm: rank 0 reports
         return 0
@@ -75,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
              f"{'no-straggle' if k >= config.world else f'straggle-{k}'}, STO {config.job.resolved_sto_ticks} ticks")
     printer = Printer(args.format)
     printer.emit(rows, title=title, columns=[c for c in COLUMNS if any(c in r for r in rows)])
+    if outcome.syscalls:
+        from stepscope.cli.comm import print_syscalls
+
+        print_syscalls(args.format, printer, outcome.syscalls)
     printer.note(f"records: {outcome.records}")
     if outcome.wrong_elements:  # like `stepscope comm`: a benchmark whose results are wrong does not succeed
         print(f"stepscope: {outcome.wrong_elements} element(s) of in-network results were wrong (see wrong_elements)",

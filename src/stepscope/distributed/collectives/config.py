@@ -52,6 +52,8 @@ class CommConfig:
     """A rank blocked this long on a peer (torch) or a job silent this long (mpi) is stopped."""
     tally: bool = False
     """Also profile each point for the per-backend tables."""
+    syscalls: bool = False
+    """Run each job again under strace and tally what the backend does beneath its API (`syscall_tally`)."""
     oversubscribe: bool = False
     """Allow more locally started ranks than launch_env.MAX_RANKS_PER_CORE per core."""
 
@@ -81,6 +83,13 @@ class CommConfig:
 
         if external_launch_env() is None:  # stepscope starts the ranks itself (spawn or mpiexec): bounded
             check_local_world(max(self.worlds), oversubscribe=self.oversubscribe)
+        elif self.syscalls:
+            raise UsageError("--tally syscalls traces the ranks stepscope starts itself; under torchrun or srun, "
+                             "run stepscope comm without a launcher")
+        if self.syscalls:
+            from stepscope.distributed.tracing.strace import find_strace
+
+            find_strace()  # absent or not permitted: one line, before anything runs
         for backend in self.backends:
             check_backend(backend)
             if backend in TORCH_BACKENDS:

@@ -26,9 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from stepscope.distributed.collectives.ops import DTYPES, Layout, bandwidths_GBps
+from stepscope.distributed.collectives.ops import DTYPES, UNEVEN_OPS, Layout, bandwidths_GBps
 from stepscope.distributed.collectives.points import CommPoint
 from stepscope.distributed.collectives.splits import imbalance
+from stepscope.distributed.tracing.windows import window_marker
 from stepscope.results.store import RecordStore, make_record
 
 FAIL_RANK_ENV = "STEPSCOPE_COMM_FAIL_RANK"
@@ -145,11 +146,14 @@ def measure_point(comm: Communicator, point: CommPoint, env: dict[str, Any], *,
     run = _runner(comm, point, prepared)
     run(point.warmup)
     comm.sync()
+    mark = window_marker(comm.rank, mark_key(point))  # a no-op unless a tracer watches (`--tally syscalls`)
     comm.control_barrier()
+    mark("begin")
     start = time.perf_counter()
     run(point.iters)
     comm.sync()
     per_call_s = (time.perf_counter() - start) / point.iters
+    mark("end")
     times_s = comm.gather_float(per_call_s)
 
     raw_tally = None
@@ -164,6 +168,13 @@ def measure_point(comm: Communicator, point: CommPoint, env: dict[str, Any], *,
     status = "mismatch" if wrong else "ok"
     note = f"{wrong} wrong element(s) summed over ranks" if wrong else None
     return make_record("comm", config, metrics, status=status, env=env, note=note), raw_tally
+
+
+def mark_key(point: CommPoint) -> str:
+    """The name of a point's timed window in a trace (unique within one job)."""
+    place = "none" if point.in_place is None else ("in" if point.in_place else "out")
+    skew = f":skew{point.skew:g}" if point.op in UNEVEN_OPS else ""  # all_to_allv has a point per skew
+    return f"{point.op}:{point.layout().size_bytes}:{place}:{point.mode}:{point.dtype}{skew}"
 
 
 def timing_metrics(point: CommPoint, times_s: list[float], wrong: int) -> dict[str, Any]:

@@ -39,6 +39,8 @@ class CommOutcome:
     """The points the fits and the plot use: this run's, and with --resume those of earlier runs too."""
     fits: list[dict[str, Any]] = field(default_factory=list)
     """α–β fit records (with `fit`)."""
+    syscalls: list[dict[str, Any]] = field(default_factory=list)
+    """`syscalls` records (with `--tally syscalls`, see `syscall_tally`), per job and point."""
     fit_notes: list[str] = field(default_factory=list)
     """Why a group of points has no fit (too few sizes, a single rank)."""
     plot: Path | None = None
@@ -76,6 +78,11 @@ def run_comm(config: CommConfig, out: str | os.PathLike | None = None, *, resume
             say(f"note: {rounding.message()}")
         for skipped in job.skipped:
             say(f"note: {skipped}")
+    strace = None
+    if config.syscalls:
+        from stepscope.distributed.tracing.strace import find_strace
+
+        strace = find_strace()
     for job in jobs:
         result = run_job(job, config, store, resume=resume)
         if result is None:  # not rank 0 under torchrun/Slurm
@@ -86,6 +93,15 @@ def run_comm(config: CommConfig, out: str | os.PathLike | None = None, *, resume
                 f"{store.path} (--resume)")
         if outcome.reporting:
             on_job(result)
+        if strace is not None and result.records:  # the same job again under strace (`syscall_tally`)
+            from stepscope.distributed.collectives.syscall_tally import trace_job
+
+            say(f"tracing {job.backend} on {job.world_size} ranks under strace ...")
+            traced = trace_job(job, config, strace=strace, untraced=result.records)
+            for record in traced:
+                if store is not None:
+                    store.append(record)
+            outcome.syscalls.extend(traced)
     if not outcome.reporting:
         return outcome
     outcome.sweep = outcome.records
