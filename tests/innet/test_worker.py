@@ -2,6 +2,7 @@
 reordering; fastest-K with a stalled rank; clean errors when the switch is not there."""
 
 import socket
+import threading
 import time
 
 import numpy as np
@@ -60,33 +61,33 @@ def test_a_wrong_result_would_be_detected():
     assert check_result(bad, floats, values_per_packet=64, average=False).wrong == 1
 
 
-def test_fastest_k_finishes_within_sto_when_a_rank_stalls_and_averages_the_real_count(switch):
-    world, numel, sto_ms, stall_s = 3, 500, 20.0, 2.5
+def test_fastest_k_finishes_without_the_stalled_rank_and_averages_the_real_count(switch):
+    world, numel, sto_ms = 3, 500, 20.0
     inputs = [np.full(numel, float(r + 1), np.float32) for r in range(world)]
+    fast_done = threading.Barrier(world)  # the straggler starts only after ranks 0 and 1 have their results
 
     def rank(r):
         # 500 values, k = 256: 2 prologue + 2 data blocks, all in flight at once (slots 8): one STO each round
-        member = job(switch, r, world, pipes=4, slots=8, sto_ms=sto_ms)
+        member = job(switch, r, world, pipes=4, slots=8, sto_ms=sto_ms, timeout_s=20)
         if r == 2:
-            time.sleep(stall_s)  # the straggler
-        start = time.perf_counter()
+            fast_done.wait(timeout=25)  # the straggler: had the others waited for it, this would time out
         pending = member.submit(inputs[r].copy(), "avg", k=2)
         result = pending.wait()
-        seconds = time.perf_counter() - start
         summary = pending.summary()
+        if r != 2:
+            fast_done.wait(timeout=25)
         member.close()
-        return result, seconds, summary
+        return result, summary
 
-    results = run_ranks(world, rank)
+    results = run_ranks(world, rank, timeout_s=60)
     for r in (0, 1):
-        result, seconds, summary = results[r]
-        # two rounds (prologue, data) each waiting one STO (40 ms), plus a margin for a loaded 2-core machine
-        # that still tells "did not wait for the straggler" apart from "waited"
-        assert seconds < stall_s / 2
+        result, summary = results[r]
+        # finished while rank 2 had not submitted at all: the barrier orders it, no clock is involved
         assert summary["min_contributors"] == 2 and summary["timed_out_blocks"] == 4
         assert np.allclose(result, 1.5, atol=1e-6)  # (1 + 2) / 2, not (1 + 2 + 0) / 3
-    assert np.array_equal(results[2][0], results[0][0])  # the straggler receives the same average
-    assert results[2][1] < stall_s / 2  # and catches up at once: the results were already there
+    # the straggler receives the same average, from results already there: its peers are past the barrier and
+    # never send for this op again, so waiting on them would have failed after timeout_s instead
+    assert np.array_equal(results[2][0], results[0][0])
 
 
 def test_a_refused_port_fails_at_once():
@@ -94,9 +95,9 @@ def test_a_refused_port_fails_at_once():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again when the block ends: nothing listens
     start = time.monotonic()
-    with pytest.raises(InnetError, match="refused|did not answer"):
-        InnetJob(JobConfig(switch=f"127.0.0.1:{port}", connect_timeout_s=3)).join()
-    assert time.monotonic() - start < 3.5
+    with pytest.raises(InnetError, match="refused the job"):  # the refusal itself, not the connect timeout
+        InnetJob(JobConfig(switch=f"127.0.0.1:{port}", connect_timeout_s=20)).join()
+    assert time.monotonic() - start < 10  # far below the 20 s a client ignoring the refusal would wait
 
 
 def test_a_silent_switch_fails_within_the_connect_timeout():
@@ -105,7 +106,7 @@ def test_a_silent_switch_fails_within_the_connect_timeout():
         start = time.monotonic()
         with pytest.raises(InnetError, match="did not answer within 1 s"):
             InnetJob(JobConfig(switch=f"127.0.0.1:{black_hole.getsockname()[1]}", connect_timeout_s=1)).join()
-        assert time.monotonic() - start < 2.5
+        assert 1 <= time.monotonic() - start < 30  # waited the timeout, then stopped (a hang guard, not a timing)
 
 
 def test_a_switch_that_dies_mid_job_fails_the_op_within_the_timeout():
