@@ -52,6 +52,48 @@ def test_exact_ints_and_bounded_floats_under_loss_duplication_and_reordering(swi
     assert stats["dup"] > 0 and stats["bad"] == 0 and stats["to"] == 0
 
 
+def test_default_packets_int32_wrap_and_fastest_k_under_loss(switch):
+    """The default packet size (4 pipes: 256 values) under loss, duplication and reordering: an int32 sum that
+    wraps around as the switch's ALU does, then fastest-K (K = 2 of 3) whose result must hold exactly the two
+    ranks that contributed (the third starts only once they have their results)."""
+    world, numel = 3, 1000  # 4 blocks of 256, the last one partial
+    big = [np.full(numel, 2**30 + r, np.int32) for r in range(world)]  # 3 x 2**30 > 2**31 - 1
+    big[1][::7] = -(2**30)  # some sums stay in range
+    floats = [reference_input(2, r, numel, "f32") for r in range(world)]
+    fast_done = threading.Barrier(world)
+
+    def rank(r):
+        member = job(switch, r, world, job_id=12, rto_ms=3, faults=FAULTY, timeout_s=30)
+        assert member.config.k == 256  # the default: 4 pipes of 64
+        wrapped = member.all_reduce(big[r].copy(), "sum")
+        if r == 2:
+            fast_done.wait(timeout=60)  # the straggler: its peers already have their fastest-K result
+        pending = member.submit(floats[r].copy(), "avg", k=2)
+        average = pending.wait()
+        summary = pending.summary()
+        if r != 2:
+            fast_done.wait(timeout=60)
+        counters = member.counters
+        member.close()
+        return wrapped, average, summary, counters
+
+    results = run_ranks(world, rank, timeout_s=120)
+    expected = np.sum(np.stack(big), axis=0, dtype=np.int32)  # numpy's int32 sum wraps around too
+    assert (expected < 0).any() and (expected > 0).any()  # it did wrap, and not everywhere
+    for wrapped, average, _, _ in results:
+        assert np.array_equal(wrapped, expected)
+        assert np.array_equal(average, results[0][1])  # the straggler receives the same blocks
+    for _, average, summary, _ in results[:2]:
+        assert summary["min_contributors"] == 2
+        # the average of ranks 0 and 1 only (divided by 2, not 3), within the quantization bound
+        check = check_result(average, floats[:2], values_per_packet=256, average=True)
+        assert check.wrong == 0 and check.checked == numel
+        assert check_result(average, floats, values_per_packet=256, average=True).wrong > 0  # not all three
+    counters = [r[3] for r in results]
+    assert sum(c["injected_dropped_up"] + c["injected_dropped_down"] for c in counters) > 0
+    assert sum(c["retransmitted"] for c in counters) > 0
+
+
 def test_a_wrong_result_would_be_detected():
     floats = [reference_input(1, r, 300, "f32") for r in range(2)]
     good = (floats[0].astype(np.float64) + floats[1]).astype(np.float32)
