@@ -407,6 +407,13 @@ def check_mixed_dtypes(ctx, failures):
                 failures.append(f"mixed/{variant}: {name} gradient differs across ranks")
         if dtypes != {torch.float32, torch.bfloat16}:
             failures.append(f"mixed/{variant}: the model has parameters of {dtypes}, not bf16 and fp32")
+        named = dict(module.named_parameters())
+        for bucket in getattr(model, "plan", []):  # a bucket is one flat buffer: one dtype
+            if {named[name].dtype for name in bucket.names} != {getattr(torch, bucket.dtype)}:
+                failures.append(f"mixed/{variant}: bucket {bucket.index} mixes dtypes: {bucket.names}")
+        buffers = model.communication_buffers() if hasattr(model, "communication_buffers") else []
+        if buffers and {b.dtype for b in buffers} != dtypes:
+            failures.append(f"mixed/{variant}: communication buffers of {[b.dtype for b in buffers]}")
 
 
 def all_checks(ctx):
