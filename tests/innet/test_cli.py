@@ -121,11 +121,13 @@ def test_timeout_profile_prints_dpa_layout_and_applies_the_straggler(cli, tmp_pa
 
 
 def test_train_prints_bucket_lines_and_step_times(cli, tmp_path):
-    code, out, err = cli("innet", "train", "--model", "tiny", "--world", "2", "--steps", "1", "--seq", "8",
+    code, out, err = cli("innet", "train", "--model", "tiny", "--world", "3", "--steps", "1", "--seq", "8",
                          "--straggler", "ranks=1;delay=300ms", "--values-per-packet", "512", "--out", tmp_path)
     assert code == 0, err
-    assert "innet: new-task allreduce." in out and "no-straggle" in out and "straggle-1" in out
+    assert "innet: new-task allreduce." in out and "no-straggle" in out and "straggle-2" in out
     assert "replicas identical after training: gloo yes, innet yes" in out
     records = read_records(tmp_path / "innet-train.jsonl")
-    assert len(records) == 6  # gloo and innet K=2, K=1, each without and with the straggler
+    # gloo and innet K=3, K=2 (fastest-K below the world: the straggler is left out), without and with it
+    assert sorted((r["config"]["backend"], r["config"]["k"]) for r in records) == [
+        ("gloo", 3), ("gloo", 3), ("innet", 2), ("innet", 2), ("innet", 3), ("innet", 3)]
     assert all(r["metrics"]["step_ms_median"] > 0 for r in records)
