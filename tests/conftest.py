@@ -50,12 +50,15 @@ def subprocess_env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(REPO / "src"))
 
 
-def interrupt_sweep(argv: list[str], records: Path, after_lines: int, cwd: Path) -> tuple[int, str]:
-    """Start a real `stepscope` sweep, send it SIGINT once `records` holds `after_lines` lines, and return
-    (exit code, stderr). The sweep never outlives the test, whatever happens."""
+def interrupt_sweep(argv: list[str], records: Path, after_lines: int, cwd: Path,
+                    env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Start a real `stepscope` sweep (`env`: variables added to its environment), send it SIGINT once
+    `records` holds `after_lines` lines, and return (exit code, stderr). The sweep never outlives the test,
+    whatever happens."""
     # a runner that starts jobs in the background (nohup, some CI shells) makes SIGINT ignored, and Python
     # then installs no KeyboardInterrupt handler in the child: restore the default so Ctrl-C means Ctrl-C
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=subprocess_env(), cwd=cwd,
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**subprocess_env(), **(env or {})}, cwd=cwd,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 120

@@ -2,6 +2,8 @@
 
 import subprocess
 
+import pytest
+
 from stepscope.results.store import read_records
 from tests.conftest import STEPSCOPE
 
@@ -63,3 +65,25 @@ def test_python_dash_m_and_compile_and_warmup_sweep(tmp_path):
     records = read_records(tmp_path)
     assert [r["config"]["warmup"] for r in records] == [0, 1]
     assert all(r["config"]["compile"] and r["metrics"]["compile_s"] > 0 for r in records)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["validate", "--system", "MISSING/system.toml"], "no such system file: MISSING/system.toml"),
+    (["validate", "--out", "FILE/sub"], "FILE is a file, not a folder"),
+    (["models", "MISSING/models.toml"], "unrecognized arguments: MISSING/models.toml"),
+    (["show", "MISSING/step.jsonl"], "no such results file or folder: MISSING/step.jsonl"),
+    (["show", "FILE"], "no records in FILE"),
+])
+def test_a_missing_path_is_one_line_and_exit_2(cli, tmp_path, args, message):
+    (tmp_path / "file").write_text("not records\n")
+    paths = {"MISSING": str(tmp_path / "missing"), "FILE": str(tmp_path / "file")}
+
+    def real(text):
+        for placeholder, path in paths.items():
+            text = text.replace(placeholder, path)
+        return text
+
+    code, out, err = cli(*map(real, args))
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and real(message) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing was written

@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from stepscope.results.store import read_records
+from stepscope.spec.model import ModelSpec
 from tests.conftest import STEPSCOPE, interrupt_sweep, subprocess_env
 
 TINY = ["--model", "tiny", "--batch", "2", "--seq", "16", "--warmup", "0", "--iters", "2"]
@@ -14,7 +15,8 @@ TINY = ["--model", "tiny", "--batch", "2", "--seq", "16", "--warmup", "0", "--it
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_every_mode_runs_and_records_are_well_formed(cli, tmp_path, precision):
-    code, out, err = cli("step", *TINY, "--mode", "fwd,fwd-bwd,train", "--precision", precision,
+    # 3 iterations: with 2 the median is the mean, and a rate from the wrong one would pass
+    code, out, err = cli("step", *TINY, "--iters", "3", "--mode", "fwd,fwd-bwd,train", "--precision", precision,
                          "--out", tmp_path)
     assert code == 0, err
     records = read_records(tmp_path / "step.jsonl")
@@ -22,13 +24,31 @@ def test_every_mode_runs_and_records_are_well_formed(cli, tmp_path, precision):
     for record in records:
         assert record["status"] == "ok" and record["config"]["precision"] == precision
         metrics = record["metrics"]
-        assert metrics["step_ms_median"] > 0 and metrics["step_tokens_per_s"] > 0
-        assert metrics["forward_GFLOPps"] > 0 and 0 < metrics["step_gemm_fraction"]
+        assert metrics["step_ms_median"] > 0 and metrics["step_gemm_fraction"] > 0
+        _check_rates(record)
         assert {"torch", "cpu_model", "cores", "threads", "hostname", "utc_time", "command", "git_sha",
                 "stepscope_version", "device_name"} <= set(record["env"])
     train = records[-1]["metrics"]
     assert {"forward_ms_median", "backward_ms_median", "optimizer_ms_median"} <= set(train)
     assert "phase" in out and "optimizer" in out
+
+
+def _check_rates(record):
+    """Rates from the medians and the FLOP convention (spec/model.py): a forward token costs 2N + 2·L·s·d
+    with causal attention, backward twice the forward; GFLOP/s = phase FLOPs / median, tokens/s = tokens /
+    the step's median, the GEMM fraction = the step's rate / the measured GEMM rate."""
+    config, metrics = record["config"], record["metrics"]
+    spec = ModelSpec(**config["model_spec"])
+    tokens = config["batch"] * config["seq"]
+    forward = tokens * (2 * spec.matmul_params() + 2 * spec.n_layers * config["seq"] * spec.d_model)
+    flops = {"forward": forward, "backward": 2 * forward, "step": forward * (1 if config["mode"] == "fwd" else 3)}
+    for phase, phase_flops in flops.items():
+        if f"{phase}_ms_median" in metrics:
+            rate = phase_flops / (metrics[f"{phase}_ms_median"] / 1e3) / 1e9
+            assert metrics[f"{phase}_GFLOPps"] == pytest.approx(rate, rel=1e-9), phase
+    assert metrics["step_flops"] == pytest.approx(flops["step"], rel=1e-12)
+    assert metrics["step_tokens_per_s"] == pytest.approx(tokens / (metrics["step_ms_median"] / 1e3), rel=1e-9)
+    assert metrics["step_gemm_fraction"] == pytest.approx(metrics["step_GFLOPps"] / metrics["gemm_GFLOPps"], rel=1e-9)
 
 
 def test_sweep_csv_overrides_threads_and_naive_attention(cli, tmp_path):

@@ -2,10 +2,15 @@
 process, real ranks) and appends well-formed records."""
 
 import json
+import subprocess
 
+import numpy as np
 import pytest
 
+from stepscope.innet import InnetJob, JobConfig
 from stepscope.results.store import read_records
+from tests.conftest import STEPSCOPE, subprocess_env
+from tests.innet.conftest import run_ranks
 
 
 @pytest.mark.parametrize("args", [
@@ -24,11 +29,35 @@ def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, args):
     assert not list(tmp_path.glob("*.jsonl"))  # nothing was started or written
 
 
-def test_switch_serves_and_records_on_exit(cli, tmp_path):
-    code, out, err = cli("innet", "switch", "--port", "0", "--duration-s", "0.3", "--out", tmp_path)
-    assert code == 0 and "innet switch listening on 127.0.0.1:" in out
-    [record] = read_records(tmp_path / "innet-switch.jsonl")
-    assert record["metrics"]["switch_bad"] == 0 and record["env"]["hostname"]
+def test_switch_serves_and_records_on_exit(tmp_path):
+    """A real `stepscope innet switch` process serves two ranks' all-reduce, then records what it served."""
+    argv = [*STEPSCOPE, "innet", "switch", "--port", "0", "--stop-on-stdin-eof", "--out", str(tmp_path)]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=subprocess_env())
+    try:
+        ready = proc.stdout.readline()  # the child prints its address first
+        assert "innet switch listening on 127.0.0.1:" in ready, proc.stderr.read() if proc.poll() else ready
+        port = int(ready.rsplit(":", 1)[1])
+
+        def rank(r):
+            config = JobConfig(switch=f"127.0.0.1:{port}", job_id=7, rank=r, world=2, pipes=1, timeout_s=20)
+            with InnetJob(config, log=lambda _: None).join() as member:
+                return member.all_reduce(np.full(1000, r + 1, np.int32), "sum")
+
+        assert all((result == 3).all() for result in run_ranks(2, rank))
+        out, err = proc.communicate(timeout=30)  # closing stdin stops it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "innet switch: 1 job(s) served" in out
+    job, totals = read_records(tmp_path / "innet-switch.jsonl")
+    assert job["config"]["job"] == "7" and totals["config"]["job"] is None and totals["env"]["hostname"]
+    # 1000 values at 64 per packet: 16 blocks, each completed once with both contributions
+    assert job["metrics"]["ok"] == 16 and job["metrics"]["bad"] == job["metrics"]["to"] == 0
+    assert job["metrics"]["rx"] >= 2 * 16 and job["metrics"]["tx"] >= 2 * 16
+    assert totals["metrics"]["switch_bad"] == 0
 
 
 def test_simulate_prints_bounds_and_counters(cli, tmp_path):
@@ -92,11 +121,13 @@ def test_timeout_profile_prints_dpa_layout_and_applies_the_straggler(cli, tmp_pa
 
 
 def test_train_prints_bucket_lines_and_step_times(cli, tmp_path):
-    code, out, err = cli("innet", "train", "--model", "tiny", "--world", "2", "--steps", "1", "--seq", "8",
+    code, out, err = cli("innet", "train", "--model", "tiny", "--world", "3", "--steps", "1", "--seq", "8",
                          "--straggler", "ranks=1;delay=300ms", "--values-per-packet", "512", "--out", tmp_path)
     assert code == 0, err
-    assert "innet: new-task allreduce." in out and "no-straggle" in out and "straggle-1" in out
+    assert "innet: new-task allreduce." in out and "no-straggle" in out and "straggle-2" in out
     assert "replicas identical after training: gloo yes, innet yes" in out
     records = read_records(tmp_path / "innet-train.jsonl")
-    assert len(records) == 6  # gloo and innet K=2, K=1, each without and with the straggler
+    # gloo and innet K=3, K=2 (fastest-K below the world: the straggler is left out), without and with it
+    assert sorted((r["config"]["backend"], r["config"]["k"]) for r in records) == [
+        ("gloo", 3), ("gloo", 3), ("innet", 2), ("innet", 2), ("innet", 3), ("innet", 3)]
     assert all(r["metrics"]["step_ms_median"] > 0 for r in records)

@@ -1,4 +1,5 @@
-"""The DDP hook trains like gloo DDP: real spawned ranks, a real switch process, torch DDP and DDPBucketed."""
+"""The DDP hook trains like gloo DDP: 3 real spawned ranks (an average that is not a halving), a real switch
+process, torch DDP and DDPBucketed."""
 
 
 from stepscope.distributed.launch.launcher import LaunchConfig, launch
@@ -68,7 +69,7 @@ def ddp_rank(ctx, switch_address, job_ids):
 def test_innet_hook_trains_to_the_same_parameters_as_gloo_ddp():
     with SwitchProcess() as switch:
         results = launch(ddp_rank, switch.address, (301, 302),
-                         config=LaunchConfig(world_size=2, threads=1, timeout_s=60, deadline_s=120))
+                         config=LaunchConfig(world_size=3, threads=1, timeout_s=60, deadline_s=180))
         output = switch.stop()
     for result in results:
         assert result["moved"] > 1e-3  # training really changed the weights

@@ -1,7 +1,7 @@
 """The discrete-event simulator: agreement with the emulator's counters on small cases, the ideal bounds,
 and the published qualitative behaviour (deterministic seeds; no timing assertions)."""
 
-import time
+import threading
 
 import numpy as np
 import pytest
@@ -16,24 +16,37 @@ WORLD, NUMEL = 3, 640  # k = 64: 10 data blocks + 8 prologue blocks (slots 8) = 
 NO_FAULTS = FaultConfig()
 
 
-def emulate(switch, job_id, k=None, straggle_s=0.0, faults=NO_FAULTS, sto_ms=5.0):
+RTO_MS = 20_000  # no retransmission unless a packet is lost: a loaded machine cannot make one happen
+
+
+def emulate(switch, job_id, k=None, straggle=False, faults=NO_FAULTS, sto_ms=5.0):
+    """Counters of one all-reduce on the real switch. The straggler starts only once its peers have their
+    results, and rank 0 reads the counters only once every rank's packets (duplicates included, sent before
+    their result came back) are in: the order is set by barriers, not by how fast threads run."""
+    peers_done = threading.Barrier(WORLD)  # with a straggler: its peers finish, then it starts
+    all_done = threading.Barrier(WORLD)
+
     def rank(r):
-        member = job(switch, r, WORLD, job_id=job_id, pipes=1, slots=8, rto_ms=1000, rto_max_ms=2000,
-                     sto_ms=sto_ms, faults=faults)
-        if r == WORLD - 1 and straggle_s:
-            time.sleep(straggle_s)
+        member = job(switch, r, WORLD, job_id=job_id, pipes=1, slots=8, rto_ms=RTO_MS, rto_max_ms=2 * RTO_MS,
+                     sto_ms=sto_ms, faults=faults, timeout_s=60)
+        straggler = straggle and r == WORLD - 1
+        if straggler:
+            peers_done.wait(timeout=60)
         member.all_reduce(np.ones(NUMEL, np.float32), "avg", k=k)
-        time.sleep(0.2)  # late duplicates reach the switch before anyone leaves
+        if straggle and not straggler:
+            peers_done.wait(timeout=60)
+        all_done.wait(timeout=60)
         stats = member.stats() if r == 0 else None
+        all_done.wait(timeout=60)  # nobody leaves before rank 0 has read the counters
         member.close()
         return stats
 
-    return run_ranks(WORLD, rank)[0]
+    return run_ranks(WORLD, rank, timeout_s=120)[0]
 
 
 def model(**options):
-    return simulate(SimConfig(workers=WORLD, pipes=1, slots=8, op_bytes=4 * NUMEL, rto_ms=1000, rto_max_ms=2000,
-                              stall_prob=0, sto_ms=5.0, **options))
+    return simulate(SimConfig(workers=WORLD, pipes=1, slots=8, op_bytes=4 * NUMEL, rto_ms=RTO_MS,
+                              rto_max_ms=2 * RTO_MS, stall_prob=0, sto_ms=5.0, **options))
 
 
 @pytest.mark.parametrize("case", ["all-ranks", "straggler", "duplicates"])
@@ -41,7 +54,7 @@ def test_simulator_and_emulator_agree_on_small_cases(switch, case):
     if case == "all-ranks":
         emulated, simulated = emulate(switch, 21), model()
     elif case == "straggler":
-        emulated = emulate(switch, 22, k=2, straggle_s=1.0)
+        emulated = emulate(switch, 22, k=2, straggle=True)
         simulated = model(k=2, straggler_ranks=(WORLD - 1,), straggler_ms=1000)
     else:
         emulated = emulate(switch, 23, faults=FaultConfig(duplicate=1.0))

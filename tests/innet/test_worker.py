@@ -2,6 +2,7 @@
 reordering; fastest-K with a stalled rank; clean errors when the switch is not there."""
 
 import socket
+import threading
 import time
 
 import numpy as np
@@ -51,6 +52,48 @@ def test_exact_ints_and_bounded_floats_under_loss_duplication_and_reordering(swi
     assert stats["dup"] > 0 and stats["bad"] == 0 and stats["to"] == 0
 
 
+def test_default_packets_int32_wrap_and_fastest_k_under_loss(switch):
+    """The default packet size (4 pipes: 256 values) under loss, duplication and reordering: an int32 sum that
+    wraps around as the switch's ALU does, then fastest-K (K = 2 of 3) whose result must hold exactly the two
+    ranks that contributed (the third starts only once they have their results)."""
+    world, numel = 3, 1000  # 4 blocks of 256, the last one partial
+    big = [np.full(numel, 2**30 + r, np.int32) for r in range(world)]  # 3 x 2**30 > 2**31 - 1
+    big[1][::7] = -(2**30)  # some sums stay in range
+    floats = [reference_input(2, r, numel, "f32") for r in range(world)]
+    fast_done = threading.Barrier(world)
+
+    def rank(r):
+        member = job(switch, r, world, job_id=12, rto_ms=3, faults=FAULTY, timeout_s=30)
+        assert member.config.k == 256  # the default: 4 pipes of 64
+        wrapped = member.all_reduce(big[r].copy(), "sum")
+        if r == 2:
+            fast_done.wait(timeout=60)  # the straggler: its peers already have their fastest-K result
+        pending = member.submit(floats[r].copy(), "avg", k=2)
+        average = pending.wait()
+        summary = pending.summary()
+        if r != 2:
+            fast_done.wait(timeout=60)
+        counters = member.counters
+        member.close()
+        return wrapped, average, summary, counters
+
+    results = run_ranks(world, rank, timeout_s=120)
+    expected = np.sum(np.stack(big), axis=0, dtype=np.int32)  # numpy's int32 sum wraps around too
+    assert (expected < 0).any() and (expected > 0).any()  # it did wrap, and not everywhere
+    for wrapped, average, _, _ in results:
+        assert np.array_equal(wrapped, expected)
+        assert np.array_equal(average, results[0][1])  # the straggler receives the same blocks
+    for _, average, summary, _ in results[:2]:
+        assert summary["min_contributors"] == 2
+        # the average of ranks 0 and 1 only (divided by 2, not 3), within the quantization bound
+        check = check_result(average, floats[:2], values_per_packet=256, average=True)
+        assert check.wrong == 0 and check.checked == numel
+        assert check_result(average, floats, values_per_packet=256, average=True).wrong > 0  # not all three
+    counters = [r[3] for r in results]
+    assert sum(c["injected_dropped_up"] + c["injected_dropped_down"] for c in counters) > 0
+    assert sum(c["retransmitted"] for c in counters) > 0
+
+
 def test_a_wrong_result_would_be_detected():
     floats = [reference_input(1, r, 300, "f32") for r in range(2)]
     good = (floats[0].astype(np.float64) + floats[1]).astype(np.float32)
@@ -60,33 +103,33 @@ def test_a_wrong_result_would_be_detected():
     assert check_result(bad, floats, values_per_packet=64, average=False).wrong == 1
 
 
-def test_fastest_k_finishes_within_sto_when_a_rank_stalls_and_averages_the_real_count(switch):
-    world, numel, sto_ms, stall_s = 3, 500, 20.0, 2.5
+def test_fastest_k_finishes_without_the_stalled_rank_and_averages_the_real_count(switch):
+    world, numel, sto_ms = 3, 500, 20.0
     inputs = [np.full(numel, float(r + 1), np.float32) for r in range(world)]
+    fast_done = threading.Barrier(world)  # the straggler starts only after ranks 0 and 1 have their results
 
     def rank(r):
         # 500 values, k = 256: 2 prologue + 2 data blocks, all in flight at once (slots 8): one STO each round
-        member = job(switch, r, world, pipes=4, slots=8, sto_ms=sto_ms)
+        member = job(switch, r, world, pipes=4, slots=8, sto_ms=sto_ms, timeout_s=20)
         if r == 2:
-            time.sleep(stall_s)  # the straggler
-        start = time.perf_counter()
+            fast_done.wait(timeout=25)  # the straggler: had the others waited for it, this would time out
         pending = member.submit(inputs[r].copy(), "avg", k=2)
         result = pending.wait()
-        seconds = time.perf_counter() - start
         summary = pending.summary()
+        if r != 2:
+            fast_done.wait(timeout=25)
         member.close()
-        return result, seconds, summary
+        return result, summary
 
-    results = run_ranks(world, rank)
+    results = run_ranks(world, rank, timeout_s=60)
     for r in (0, 1):
-        result, seconds, summary = results[r]
-        # two rounds (prologue, data) each waiting one STO (40 ms), plus a margin for a loaded 2-core machine
-        # that still tells "did not wait for the straggler" apart from "waited"
-        assert seconds < stall_s / 2
+        result, summary = results[r]
+        # finished while rank 2 had not submitted at all: the barrier orders it, no clock is involved
         assert summary["min_contributors"] == 2 and summary["timed_out_blocks"] == 4
         assert np.allclose(result, 1.5, atol=1e-6)  # (1 + 2) / 2, not (1 + 2 + 0) / 3
-    assert np.array_equal(results[2][0], results[0][0])  # the straggler receives the same average
-    assert results[2][1] < stall_s / 2  # and catches up at once: the results were already there
+    # the straggler receives the same average, from results already there: its peers are past the barrier and
+    # never send for this op again, so waiting on them would have failed after timeout_s instead
+    assert np.array_equal(results[2][0], results[0][0])
 
 
 def test_a_refused_port_fails_at_once():
@@ -94,9 +137,9 @@ def test_a_refused_port_fails_at_once():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again when the block ends: nothing listens
     start = time.monotonic()
-    with pytest.raises(InnetError, match="refused|did not answer"):
-        InnetJob(JobConfig(switch=f"127.0.0.1:{port}", connect_timeout_s=3)).join()
-    assert time.monotonic() - start < 3.5
+    with pytest.raises(InnetError, match="refused the job"):  # the refusal itself, not the connect timeout
+        InnetJob(JobConfig(switch=f"127.0.0.1:{port}", connect_timeout_s=20)).join()
+    assert time.monotonic() - start < 10  # far below the 20 s a client ignoring the refusal would wait
 
 
 def test_a_silent_switch_fails_within_the_connect_timeout():
@@ -105,7 +148,7 @@ def test_a_silent_switch_fails_within_the_connect_timeout():
         start = time.monotonic()
         with pytest.raises(InnetError, match="did not answer within 1 s"):
             InnetJob(JobConfig(switch=f"127.0.0.1:{black_hole.getsockname()[1]}", connect_timeout_s=1)).join()
-        assert time.monotonic() - start < 2.5
+        assert 1 <= time.monotonic() - start < 30  # waited the timeout, then stopped (a hang guard, not a timing)
 
 
 def test_a_switch_that_dies_mid_job_fails_the_op_within_the_timeout():
@@ -116,7 +159,7 @@ def test_a_switch_that_dies_mid_job_fails_the_op_within_the_timeout():
     start = time.monotonic()
     with pytest.raises(InnetError, match="refused|did not answer|no all-reduce progress"):
         member.all_reduce(np.ones(1000, np.float32))
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 20  # a hang guard: the 1 s progress timeout, with room for a loaded machine
     member.close()
 
 

@@ -7,11 +7,13 @@ exposed these defects: small and medium, fwd-bwd, fp32, batch 4, seq 128 and 256
 import dataclasses
 import math
 from pathlib import Path
+from statistics import median
 
 import numpy as np
 import pytest
 
 from stepscope.perfmodel.calibrate import calibrate
+from stepscope.perfmodel.compare import compare
 from stepscope.perfmodel.records import RecordSet, load_records
 from stepscope.spec.system import load_system
 from tests.perfmodel.test_calibrate import _BASE, KNOTS, TRUE, synthetic_points
@@ -44,6 +46,19 @@ def test_the_real_run_fits_physically():
     result = calibrate(load_records([REAL]), load_system("CPU"))
     _physical(result)
     assert result.parameters["matrix_peak_fp32_GFLOPps"] == pytest.approx(182.82, rel=1e-4)
+
+
+def test_calibrating_improves_the_step_error_on_its_own_records():
+    """The point of calibrating: the fitted system predicts these records better than the base it started from
+    (median |step error| 10.5 % with CPU, 5.1 % fitted, when this test was written)."""
+    records = load_records([REAL])
+    base = load_system("CPU")
+    fitted = calibrate(records, base).system
+
+    def median_step_error(system):
+        return median(abs(c.errors()["step"]) for c in compare(records.steps, system))
+
+    assert median_step_error(fitted) < 0.75 * median_step_error(base)
 
 
 def test_knots_beyond_the_op_sizes_of_the_records_are_tied_not_fitted():

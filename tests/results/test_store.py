@@ -62,3 +62,18 @@ def test_record_row_env_columns_are_prefixed_and_optional():
     row = record_row(record, env=True)
     assert row["env.hostname"] == "vm" and row["env.threads"] == 2 and row["env.torch"] == "2.0"
     assert row["threads"] == 2 and row["seq"] == 8
+
+
+def test_remove_rewrites_without_the_selected_records_and_keeps_other_lines(tmp_path):
+    store = RecordStore(tmp_path, "profile-timer").check_writable()
+    for seq in (1, 2, 3):
+        store.append(make_record("profile-timer", {"seq": seq}, {"x_ms": 1.0}))
+    with open(store.path, "a") as handle:
+        handle.write("a foreign line\n")
+    store.append(make_record("profile-timer", {"seq": 4}, {}))
+    assert store.remove(lambda r: r["config"]["seq"] % 2 == 0) == 2
+    assert [r["config"]["seq"] for r in store.records()] == [1, 3]
+    assert "a foreign line\n" in store.path.read_text()  # not a record: not ours to drop
+    assert [p.name for p in tmp_path.iterdir()] == ["profile-timer.jsonl"]  # nothing left aside
+    assert store.remove(lambda r: True) == 2 and store.records() == []
+    assert RecordStore(tmp_path, "absent").remove(lambda r: True) == 0

@@ -78,6 +78,24 @@ def test_param_bytes_and_workload():
     assert Workload(precision="fp8").precision == "fp8"  # the model predicts fp8; measuring refuses it
 
 
-def test_every_preset_validates():
-    for name in list_presets():
-        assert isinstance(get_preset(name), ModelSpec)
+# Parameter counts published with the released checkpoints (Hugging Face model cards / num_parameters()).
+EXACT = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200,
+         "llama3-8b": 8_030_261_248, "llama3-70b": 70_553_706_496, "llama3-405b": 405_853_388_800}
+# Sizes the papers name them by (Brown et al. 2020; Narayanan et al. 2021, Table 1; Smith et al. 2022).
+NAMED = {"gpt3-175b": 175e9, "mt-nlg-530b": 530e9, "megatron-1t": 1.0e12,
+         **{f"megatron-{size}b": size * 1e9 for size in (1.7, 3.6, 7.5, 18.4, 39.1, 76.1, 145.6, 310.1, 529.6)}}
+
+
+@pytest.mark.parametrize("name", list_presets())
+def test_every_preset_validates_and_has_its_published_size(name):
+    spec = get_preset(name)
+    assert spec.name == name and spec.head_dim * spec.n_heads == spec.d_model
+    assert ModelSpec(**spec.to_dict()) == spec  # what a record stores builds the same spec again
+    if name in EXACT:
+        assert spec.param_count() == EXACT[name]
+    elif name in NAMED:  # the papers round, and Megatron's table counts with its own closed form
+        assert spec.param_count() == pytest.approx(NAMED[name], rel=0.03)
+
+
+def test_every_published_size_names_a_preset():
+    assert set(EXACT) | set(NAMED) <= set(list_presets())

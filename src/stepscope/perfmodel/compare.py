@@ -54,10 +54,11 @@ class Comparison:
         row: dict[str, Any] = {"model": spec.name, "n_layers": spec.n_layers, "d_model": spec.d_model,
                                "batch": w.batch, "seq": w.seq, "mode": w.mode, "precision": w.precision,
                                "attention": self.point.attention}
+        errors = self.errors()  # the one formula, shared with summary()
         for phase, (measured, predicted) in self.phases().items():
             row[f"{phase}_measured_ms"] = 1e3 * measured
             row[f"{phase}_predicted_ms"] = 1e3 * predicted
-            row[f"{phase}_error_pct"] = 100 * (predicted - measured) / measured
+            row[f"{phase}_error_pct"] = 100 * errors[phase]
         return row
 
     def record(self) -> tuple[dict[str, Any], dict[str, Any]]:

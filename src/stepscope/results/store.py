@@ -7,7 +7,9 @@ A record is one measured or predicted point:
 `key` identifies the point (kind + config) so an interrupted sweep can `--resume` without duplicates.
 
 Crash safety: each record is one `write()` of a whole line to a file opened with O_APPEND, followed by
-fsync; a reader skips a torn last line, and the next append starts on a fresh line.
+fsync; a reader skips a torn last line, and the next append starts on a fresh line. The one exception to
+append-only: a resume removes the table rows of a point that never got its summary record (`remove`, an
+atomic rewrite; see `results.tables`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,29 @@ class RecordStore:
         """Keys of points already recorded (any status but `error`, which a resume retries)."""
         return {r["key"] for r in self.records() if r.get("status") != "error" and "key" in r}
 
+    def remove(self, drop: Callable[[dict[str, Any]], bool]) -> int:
+        """Rewrite the file without the records `drop` selects (every other line kept as it was); returns how
+        many were removed. The new file replaces the old one whole (written aside, fsynced, renamed), so a
+        crash leaves one or the other, never half of each."""
+        if not self.path.exists():
+            return 0
+        kept, removed = [], 0
+        with open(self.path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                record = _parse(line)
+                if record is not None and drop(record):
+                    removed += 1
+                else:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+        if removed:
+            aside = self.path.with_name(self.path.name + ".rewrite")
+            with open(aside, "w", encoding="utf-8") as handle:
+                handle.writelines(kept)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(aside, self.path)
+        return removed
+
 
 def _ends_without_newline(fd: int) -> bool:
     size = os.fstat(fd).st_size
@@ -110,13 +135,19 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     for file in files:
         with open(file, encoding="utf-8", errors="replace") as handle:
             for line in handle:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(record, dict) and record.get("schema") == SCHEMA:
+                record = _parse(line)
+                if record is not None:
                     records.append(record)
     return records
+
+
+def _parse(line: str) -> dict[str, Any] | None:
+    """The record on one line; None for a blank, torn or foreign line."""
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) and record.get("schema") == SCHEMA else None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from stepscope.results.store import RecordStore, make_record, point_key
+from stepscope.results.tables import remove_unfinished
 
 P = TypeVar("P")
 
@@ -44,6 +45,9 @@ class Sweep(Generic[P]):
     """Whether an exception of `measure` is an out-of-memory error (an `oom` row; anything else propagates)."""
     after_oom: Callable[[], None] = lambda: None
     """Clean-up after an OOM (e.g. free cached device memory) before the next point."""
+    table_kinds: Sequence[str] = ()
+    """Kinds of the table records `measure` appends before the point's own record (`results.tables`): a resume
+    removes those of unfinished points first, so measuring them again duplicates nothing."""
 
     def run(self, out: str | os.PathLike | None, *, resume: bool = False,
             on_record: Callable[[dict[str, Any], P, Any], None] = lambda record, point, result: None) -> SweepOutcome:
@@ -53,6 +57,8 @@ class Sweep(Generic[P]):
         store = RecordStore(out, self.kind).check_writable() if out is not None else None
         outcome = SweepOutcome()
         done = store.done_keys() if (store is not None and resume) else set()
+        if store is not None and resume:
+            remove_unfinished(store.path.parent, self.table_kinds, done)
         for point in self.points:
             config = self.config_of(point)
             if point_key(self.kind, config) in done:

@@ -1,17 +1,33 @@
-"""`stepscope comm --backend mpi`: real mpiexec and mpi4py ranks (skipped where mpi4py is missing): every
-op correct on 3 ranks with wrapper tallies and nccl-tests output, a failing rank, a hung rank."""
+"""`stepscope comm --backend mpi`: real mpiexec and mpi4py ranks: every op correct on 3 ranks with wrapper
+tallies and nccl-tests output, a failing rank, a hung rank.
 
+Skipped only where mpi4py is missing (the `mpi` extra is not installed). Where it imports, the extra is meant
+to work (`make setup` and CI install it): a missing or broken mpiexec then fails these tests, never skips them.
+"""
+
+import subprocess
+import sys
 import time
 
 import pytest
 
 from stepscope.distributed.collectives.nccl_tests_format import parse_nccl_tests
 from stepscope.distributed.collectives.rank import FAIL_RANK_ENV
-from stepscope.distributed.launch.mpi import find_mpiexec
+from stepscope.distributed.launch.mpi import MPI_INSTALL, find_mpiexec, mpiexec_command
 from stepscope.results.store import read_records
 
 pytest.importorskip("mpi4py")
-pytestmark = pytest.mark.skipif(find_mpiexec() is None, reason="no mpiexec")
+
+
+def test_the_mpi_extra_starts_ranks():
+    """mpi4py imports, so mpiexec must be there and start two mpi4py ranks that see each other."""
+    mpiexec = find_mpiexec()
+    assert mpiexec is not None, f"mpi4py imports but no mpiexec was found; {MPI_INSTALL}"
+    program = "from mpi4py import MPI; c = MPI.COMM_WORLD; print(c.Get_rank(), c.allreduce(1))"
+    ranks = subprocess.run(mpiexec_command(2, sys.executable, "-c", program, mpiexec=mpiexec), capture_output=True,
+                           text=True, timeout=120)
+    assert ranks.returncode == 0, f"{mpiexec} cannot start mpi4py ranks:\n{ranks.stderr[-2000:]}"
+    assert sorted(ranks.stdout.split("\n")[:2]) == ["0 2", "1 2"], ranks.stdout
 
 
 def test_every_op_on_3_mpi_ranks_with_tallies_in_nccl_tests_format(cli, tmp_path):

@@ -1,8 +1,10 @@
-"""DDP variants against single-process training, on real gloo process groups (2 spawned ranks).
+"""DDP variants against single-process training, on real gloo process groups (2 and 3 spawned ranks).
 
-One launch runs every check (spawning ranks costs seconds); each rank returns a list of failures and the
-test asserts none. Tolerance: fp32 parameters after 5 SGD steps within 1e-5 relative (+1e-7 absolute)
-of single-process training on the full batch; equality across ranks is exact.
+One launch per world size runs its checks (spawning ranks costs seconds); each rank returns a list of failures
+and the test asserts none. World 3 brings uneven ownership splits and a divisor that is not 2, and a model
+with bf16 and fp32 parameters (buckets split by dtype). Tolerance: fp32 parameters after 5 SGD steps within
+1e-5 relative (+1e-7 absolute) of single-process training on the full batch; bf16 gradients within 2 bf16
+ulps (2**-7 relative) of the fp32 average; equality across ranks is exact.
 """
 
 import copy
@@ -48,6 +50,24 @@ def tied_model():
 
     return TransformerLM(get_preset("gpt2", vocab_size=97, context_length=16, d_model=32, n_layers=2,
                                     n_heads=2, d_ff=64))
+
+
+def mixed_model():
+    """The toy with its hidden layer in bf16: gradients of two dtypes, which never share a bucket."""
+    import torch
+    from torch import nn
+
+    class Bf16(nn.Module):
+        def __init__(self, linear):
+            super().__init__()
+            self.linear = linear.to(torch.bfloat16)
+
+        def forward(self, x):
+            return self.linear(x.to(torch.bfloat16)).float()
+
+    model = toy_model()
+    model.hidden = Bf16(model.hidden)  # same place in the registration order
+    return model
 
 
 def frozen_model():
@@ -265,8 +285,9 @@ def check_planner_matches_torch_ddp(ctx, failures):
 
 
 def check_sharded_adamw(ctx, failures):
-    """ShardedOptimizer(AdamW) is bit-identical to AdamW over 10 steps, with a group added at step 4 and a
-    state_dict round trip at step 7; each parameter's state lives on exactly one rank."""
+    """ShardedOptimizer(AdamW) is bit-identical to AdamW over 10 steps, with a group added at step 4, the
+    learning rate halved through `param_groups` at step 5 (as a scheduler does) and a state_dict round trip at
+    step 7; each parameter's state lives on exactly one rank."""
     import torch
 
     from stepscope.distributed.data_parallel import broadcast_module_state
@@ -291,6 +312,10 @@ def check_sharded_adamw(ctx, failures):
         if step == 4:
             sharded.add_param_group(added)
             plain.add_param_group(plain_added)
+        if step == 5:
+            for optimizer in (sharded, plain):
+                for group in optimizer.param_groups:
+                    group["lr"] *= 0.5
         if step == 7:  # reload this rank's shard into a fresh sharded optimizer
             saved = sharded.state_dict()
             first, added = groups(sharded_model)
@@ -313,8 +338,10 @@ def check_sharded_adamw(ctx, failures):
         failures.append("sharded AdamW: a parameter's state is held by no rank or by several")
     loads = sharded.owned_numel
     largest = max(p.numel() for p in sharded_model.parameters())
-    if max(loads) - min(loads) > largest:
+    if max(loads) - min(loads) > largest or min(loads) == 0 or len(loads) != ctx.world_size:
         failures.append(f"sharded AdamW: unbalanced ownership {loads}")
+    if sum(loads) != sum(p.numel() for p in sharded_model.parameters()):
+        failures.append(f"sharded AdamW: ownership {loads} does not cover every parameter once")
     sharded.zero_grad(set_to_none=True)
     if any(p.grad is not None for p in sharded_model.parameters()):
         failures.append("sharded AdamW: zero_grad missed parameters owned by other ranks")
@@ -352,6 +379,43 @@ def check_gradient_accumulation(ctx, failures):
                             "times in one step of 2 micro-batches (no_sync should leave one)")
 
 
+def check_mixed_dtypes(ctx, failures):
+    """bf16 and fp32 gradients on a real process group: every wrapper's synchronized gradient is the average
+    of the ranks' local gradients (fp32 ones to fp32 accuracy, bf16 ones to bf16's), the same on every rank."""
+    import torch
+
+    for variant in ["naive", "flat", "individual", "bucketed-strict", "torch+hook"]:
+        torch.manual_seed(5)
+        module = mixed_model()
+        local = copy.deepcopy(module)
+        model = make_wrapper(variant, module, {"calls": []})
+        shard = slice(ctx.rank * LOCAL_BATCH, (ctx.rank + 1) * LOCAL_BATCH)
+        inputs, targets = batch_for("toy", 0, ctx.world_size)
+        loss_of("toy", model, inputs[shard], targets[shard]).backward()
+        model.finish_gradient_synchronization()
+        loss_of("toy", local, inputs[shard], targets[shard]).backward()
+        dtypes = set()
+        for (name, got), mine in zip(module.named_parameters(), local.parameters(), strict=True):
+            dtypes.add(got.dtype)
+            expected = sum(g.float() for g in gathered(mine.grad)) / ctx.world_size
+            exact = got.dtype == torch.float32
+            rtol, atol = (RTOL, ATOL) if exact else (2.0**-7, 2.0**-7 * expected.abs().max().item())
+            if got.grad.dtype != got.dtype or not torch.allclose(got.grad.float(), expected, rtol=rtol, atol=atol):
+                failures.append(f"mixed/{variant}: {name} ({got.dtype}) gradient is not the ranks' average "
+                                f"(max {(got.grad.float() - expected).abs().max().item():.2e})")
+            elif not all(torch.equal(got.grad, other) for other in gathered(got.grad)):
+                failures.append(f"mixed/{variant}: {name} gradient differs across ranks")
+        if dtypes != {torch.float32, torch.bfloat16}:
+            failures.append(f"mixed/{variant}: the model has parameters of {dtypes}, not bf16 and fp32")
+        named = dict(module.named_parameters())
+        for bucket in getattr(model, "plan", []):  # a bucket is one flat buffer: one dtype
+            if {named[name].dtype for name in bucket.names} != {getattr(torch, bucket.dtype)}:
+                failures.append(f"mixed/{variant}: bucket {bucket.index} mixes dtypes: {bucket.names}")
+        buffers = model.communication_buffers() if hasattr(model, "communication_buffers") else []
+        if buffers and {b.dtype for b in buffers} != dtypes:
+            failures.append(f"mixed/{variant}: communication buffers of {[b.dtype for b in buffers]}")
+
+
 def all_checks(ctx):
     import torch
 
@@ -368,6 +432,26 @@ def all_checks(ctx):
 
 def test_every_variant_matches_single_process_training_and_sharded_adamw_is_exact():
     results = launch(all_checks, config=LaunchConfig(world_size=WORLD, threads=1, timeout_s=60, deadline_s=240))
+    failures = [f"rank {rank}: {failure}" for rank, result in enumerate(results) for failure in result["failures"]]
+    assert not failures, "\n".join(failures)
+
+
+def world_3_checks(ctx):
+    """3 ranks: the variants with their own reduction code on the toy, one on the tied transformer, bf16 with
+    fp32, sharded AdamW."""
+    import torch
+
+    failures = []
+    for variant in ["naive+hook", "flat", "individual", "bucketed-strict", "bucketed+hook", "torch+hook"]:
+        check_training(ctx, "toy", variant, failures)
+    check_training(ctx, "tied", "bucketed-torch+allreduce_hook", failures)
+    check_mixed_dtypes(ctx, failures)
+    check_sharded_adamw(ctx, failures)
+    return {"failures": failures, "threads": torch.get_num_threads()}
+
+
+def test_three_ranks_mixed_dtypes_and_uneven_sharding():
+    results = launch(world_3_checks, config=LaunchConfig(world_size=3, threads=1, timeout_s=60, deadline_s=240))
     failures = [f"rank {rank}: {failure}" for rank, result in enumerate(results) for failure in result["failures"]]
     assert not failures, "\n".join(failures)
 

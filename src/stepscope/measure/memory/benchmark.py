@@ -273,11 +273,11 @@ def run_memory_sweep(configs: list[MemoryConfig], out: str | Path | None = None,
         snap = rank_path(point_path(snapshot, index, len(configs))) if snapshot is not None else None
         result = measure_memory(config, plot_path=plot, snapshot_path=snap)
         if out is not None:
-            append_tables(out, result.tables(), config_of(config), env(config))
+            append_tables(out, result.tables(), "memory", config_of(config), env(config))
         return result.metrics(), result
 
     sweep = Sweep(kind="memory", points=configs, config_of=config_of, measure=measure, env_of=env,
-                  is_oom=is_out_of_memory, after_oom=lambda: release_memory(device))
+                  is_oom=is_out_of_memory, after_oom=lambda: release_memory(device), table_kinds=TABLE_KINDS)
     return sweep.run(out, resume=resume, on_record=on_record)
 
 

@@ -191,11 +191,12 @@ def run_profile_sweep(configs: list[ProfileConfig], out: str | Path | None = Non
         path = rank_path(point_path(trace, index_of[id(config)], len(configs))) if trace is not None else None
         result = profile_step(config, path)
         if out is not None:
-            append_tables(out, result.tables(), config.record_config(), env(config))
+            append_tables(out, result.tables(), "profile", config.record_config(), env(config))
         return result.metrics(), result
 
     sweep = Sweep(kind="profile", points=configs, config_of=ProfileConfig.record_config, measure=measure,
-                  env_of=env, is_oom=is_out_of_memory, after_oom=lambda: release_memory(device))
+                  env_of=env, is_oom=is_out_of_memory, after_oom=lambda: release_memory(device),
+                  table_kinds=TABLE_KINDS)
     outcome = sweep.run(out, resume=resume, on_record=on_record)
     if with_memory:
         run_memory_sweep([MemoryConfig(step=config.step, top=config.top) for config in configs], out,
