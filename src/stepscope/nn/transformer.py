@@ -61,8 +61,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
         # one fused projection for q, k and v: one GEMM instead of three
-        self.qkv = nn.Linear(spec.d_model, spec.d_model + 2 * spec.kv_dim, bias=spec.attn_bias)
-        self.out = nn.Linear(spec.d_model, spec.d_model, bias=spec.attn_bias)
+        self.qkv = nn.Linear(spec.d_model, spec.q_dim + 2 * spec.kv_dim, bias=spec.attn_bias)
+        self.out = nn.Linear(spec.q_dim, spec.d_model, bias=spec.attn_bias)
         self.rotary = (Rotary(spec.head_dim, spec.context_length, spec.rope_theta)
                        if spec.positions == "rope" else None)
         self.attention_name = attention
