@@ -22,9 +22,8 @@ Implementations (`MOE_IMPLS`), tested against each other:
   slot (the rank of the assignment within its expert), one batched matmul per expert matrix for all
   experts, and the rows gathered back. Padding rows are computed and ignored: with dropless routing the
   buffer is as tall as the busiest expert. `torch._grouped_mm` (sorted rows, no padding) exists in torch
-  2.13's CPU build but was slower than both a per-expert loop and the padded bmm on this CPU (77 vs 64 vs
-  58 ms for 2048 tokens, d 512 -> 1024, 8 experts) and its backward needs contiguous gradients, so the
-  padded bmm is the fast path here.
+  2.13's CPU build but was never faster than the padded bmm on this CPU, and its backward needs contiguous
+  gradients (measurements: docs/moe.md).
 Each piece runs inside a `stepscope.moe.<piece>` profiler range (router, dispatch, experts, combine, shared),
 which `stepscope profile` reads as its `moe` category.
 """
