@@ -21,6 +21,15 @@ def test_step_both_expert_implementations_with_activated_flops(cli, tmp_path):
         metrics = record["metrics"]
         assert metrics["forward_GFLOPps"] * metrics["forward_ms_median"] * 1e6 == pytest.approx(forward_flops)
     assert {r["config"]["moe_impl"] for r in records} == {"grouped", "reference"}
+    # the performance model reads measured MoE step records: calibrate fits to them, compare predicts them
+    code, out, err = cli("calibrate", tmp_path, "--system-out", tmp_path / "cal" / "cpu.toml", "--out", tmp_path / "cal")
+    assert code == 0, err
+    assert "in-sample" in out and (tmp_path / "cal" / "cpu.toml").exists()
+    code, out, err = cli("compare", tmp_path, "--system", tmp_path / "cal" / "cpu.toml", "--out", tmp_path / "cal")
+    assert code == 0, err
+    compared = read_records(tmp_path / "cal" / "compare.jsonl")
+    assert compared and all(r["config"]["model_spec"]["n_experts"] == 4 for r in compared)
+    assert all(r["metrics"]["step_predicted_ms"] > 0 for r in compared)
     code, _, err = cli("step", *MOE, "--moe-impl", "loop", "--out", tmp_path)
     assert code == 2 and "invalid choice 'loop'" in err
     code, _, _ = cli("step", "--model", "tiny", "--batch", "2", "--seq", "16", "--warmup", "0", "--iters", "1",
