@@ -22,7 +22,8 @@ def test_step_both_expert_implementations_with_activated_flops(cli, tmp_path):
         assert metrics["forward_GFLOPps"] * metrics["forward_ms_median"] * 1e6 == pytest.approx(forward_flops)
     assert {r["config"]["moe_impl"] for r in records} == {"grouped", "reference"}
     # the performance model reads measured MoE step records: calibrate fits to them, compare predicts them
-    code, out, err = cli("calibrate", tmp_path, "--system-out", tmp_path / "cal" / "cpu.toml", "--out", tmp_path / "cal")
+    code, out, err = cli("calibrate", tmp_path, "--system-out", tmp_path / "cal" / "cpu.toml",
+                         "--out", tmp_path / "cal")
     assert code == 0, err
     assert "in-sample" in out and (tmp_path / "cal" / "cpu.toml").exists()
     code, out, err = cli("compare", tmp_path, "--system", tmp_path / "cal" / "cpu.toml", "--out", tmp_path / "cal")

@@ -58,6 +58,21 @@ def test_grouped_equals_reference_forward_and_backward(overrides, tokens):
         assert close(fast[2][name], grad), name
 
 
+def test_bf16_autocast_runs_both_implementations_alike():
+    torch.manual_seed(0)
+    spec = get_preset("tiny-moe", capacity_factor=1.0)
+    model = TransformerLM(spec, moe_impl="grouped")
+    tokens = torch.randint(0, spec.vocab_size, (2, 17))
+    losses = []
+    for impl in ("grouped", "reference"):
+        model.set_moe_impl(impl)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = lm_loss(model(tokens[:, :-1]), tokens[:, 1:]) + 0.01 * model.aux_loss
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-2)
+
+
 def test_dropped_assignments_contribute_nothing():
     torch.manual_seed(0)
     spec = get_preset("tiny-moe", n_shared_experts=0, capacity_factor=1.0)

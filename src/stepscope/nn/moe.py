@@ -104,7 +104,8 @@ class Router(nn.Module):
         slot = (onehot.cumsum(dim=0).gather(1, experts.reshape(-1, 1)) - 1).view_as(experts)
         capacity = expert_capacity(x.shape[0], self.k, self.n_experts, self.capacity_factor)
         keep = slot < capacity if capacity is not None else torch.ones_like(experts, dtype=torch.bool)
-        rows = capacity if capacity is not None else int(counts.max())
+        # rows of the grouped buffer: no expert keeps more than its count or the capacity
+        rows = int(counts.max()) if capacity is None else min(capacity, int(counts.max()))
         fraction = counts.float() / experts.numel()
         aux_loss = self.n_experts * (fraction * probs.mean(dim=0)).sum()
         return Routing(experts, weights, slot, keep, rows, aux_loss)
@@ -165,7 +166,7 @@ class RoutedExperts(nn.Module):
         return self.w_up[index], self.w_down[index], *biases
 
     def _reference(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
-        out = torch.zeros_like(x)
+        out: torch.Tensor | None = None  # in the experts' output dtype (bf16 under autocast), made on first use
         for expert in range(self.w_up.shape[0]):
             with moe_range("dispatch"):
                 token, choice = ((routing.experts == expert) & routing.keep).nonzero(as_tuple=True)
@@ -175,8 +176,9 @@ class RoutedExperts(nn.Module):
             with moe_range("experts"):
                 y = expert_mlp(rows, *self._expert(expert), self.gated)
             with moe_range("combine"):
+                out = y.new_zeros(x.shape) if out is None else out
                 out = out.index_add(0, token, y * routing.weights[token, choice].unsqueeze(1).to(y.dtype))
-        return out
+        return out if out is not None else torch.zeros_like(x)
 
     def _grouped(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
         n_experts, rows = self.w_up.shape[0], routing.capacity
@@ -190,7 +192,7 @@ class RoutedExperts(nn.Module):
         with moe_range("combine"):
             picked = y.reshape(n_experts * rows, -1).index_select(0, place)
             weights = routing.weights.reshape(-1)[kept].unsqueeze(1).to(picked.dtype)
-            return torch.zeros_like(x).index_add(0, token, picked * weights)
+            return picked.new_zeros(x.shape).index_add(0, token, picked * weights)
 
 
 class MoE(nn.Module):
