@@ -119,6 +119,8 @@ def test_sigmoid_bias_moves_selection_not_weights():
     scores = torch.sigmoid(router.gate(x))
     assert torch.allclose(after.weights, torch.ones(32, 1))  # k=1: renormalised weight is 1 either way
     assert "bias" not in dict(router.named_parameters()) and scores.shape == (32, spec.n_experts)
+    router.balance_bias(torch.bincount(after.experts.reshape(-1), minlength=spec.n_experts), rate=0.5)
+    assert router.bias[3] == 9.5 and (router.bias[:3] == 0.5).all()  # overloaded down, idle up
 
 
 def test_training_flops_equal_the_spec_formula():

@@ -65,7 +65,7 @@ class Routing:
     keep: torch.Tensor
     """(T, k) bool: the assignment fits in its expert's capacity (all True when dropless)."""
     capacity: int
-    """Rows per expert: the capacity, or (dropless) the busiest expert's assignments."""
+    """Rows per expert in the grouped buffer: the busiest expert's assignments, at most the capacity."""
     aux_loss: torch.Tensor
     """The load-balancing loss of these tokens (scalar)."""
 
