@@ -36,6 +36,8 @@ _API: dict[str, str | tuple[str, str]] = {
     "import_comm": "stepscope.distributed.collectives.session",
     "DDPBenchConfig": "stepscope.distributed.data_parallel.bench_config",
     "run_ddp_sweep": "stepscope.distributed.data_parallel.benchmark",
+    "EPConfig": "stepscope.distributed.expert_parallel.config",
+    "run_moe_ep": "stepscope.distributed.expert_parallel.benchmark",
     # predict: the performance model
     "ParallelPlan": "stepscope.spec.plan", "load_system": "stepscope.spec.system",
     "PredictConfig": "stepscope.perfmodel.predict", "PredictPoint": "stepscope.perfmodel.predict",

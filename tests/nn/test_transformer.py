@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from stepscope.nn import TransformerLM, get_attention, lm_loss
+from stepscope.nn.moe import RoutedExperts
 from stepscope.spec import get_preset, list_presets
 
 
@@ -11,12 +12,16 @@ from stepscope.spec import get_preset, list_presets
 def test_instantiated_parameter_count_equals_closed_form(name):
     spec = get_preset(name)
     if spec.param_count() > 20e9:
-        spec = spec.replace(n_layers=2)  # same per-block formula, fewer modules to build
+        # same per-block formulas, fewer modules to build (an MoE preset keeps its dense blocks and two MoE ones)
+        spec = spec.replace(n_layers=spec.dense_layers + 2)
     with torch.device("meta"):
         model = TransformerLM(spec)
     assert sum(p.numel() for p in model.parameters()) == spec.param_count()
     linear_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    assert linear_weights == spec.matmul_params()
+    # a token multiplies by k of the n_experts stacked routed experts of each MoE block
+    routed = sum(m.w_up.numel() + m.w_down.numel() for m in model.modules() if isinstance(m, RoutedExperts))
+    routed_used = routed * spec.experts_per_token // spec.n_experts if spec.is_moe else 0
+    assert linear_weights + routed_used == spec.matmul_params()
 
 
 def test_gpt2_parameter_order_starts_with_embeddings_and_ties_head():

@@ -15,8 +15,8 @@ from typing import NoReturn
 
 from stepscope.errors import DistributedError, UsageError
 
-COMMANDS = ("step", "profile", "memory", "attention", "comm", "ddp", "predict", "plan", "calibrate", "compare",
-            "validate", "trace", "innet", "precision", "show", "report", "models")
+COMMANDS = ("step", "profile", "memory", "attention", "comm", "ddp", "moe", "predict", "plan", "calibrate",
+            "compare", "validate", "trace", "innet", "precision", "show", "report", "models")
 """The command modules of this package, in the order `--help` lists them. Each defines NAME, HELP, DESCRIPTION,
 `add_options(parser)` and `run(args)` (see `stepscope.cli.options.add_command`)."""
 

@@ -17,6 +17,10 @@ entry for low-level helpers such as `aten::empty` under a matmul.
 
 "memory copy" means data movement and layout: copies, casts, concatenation, indexing, embedding lookups,
 fills, and view ops (reshape, transpose: host time only, no bytes moved).
+
+"moe" is everything a Mixture-of-Experts block does inside its `stepscope.moe.<piece>` ranges (`nn.moe`):
+router, dispatch (tokens gathered per expert), experts (their GEMMs and activation), combine (the weighted
+scatter back), shared (the shared experts); the backward of those ops too. `profile` splits it by piece.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-CATEGORIES: tuple[str, ...] = ("matmul", "attention", "softmax", "normalization", "elementwise", "reduction",
+CATEGORIES: tuple[str, ...] = ("matmul", "attention", "moe", "softmax", "normalization", "elementwise", "reduction",
                                "memory copy", "optimizer", "communication", "other")
 """Every category, in the order tables list them."""
 
@@ -50,6 +54,8 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("optimizer", r"^aten::_foreach_|^aten::_fused_(adam|adamw|sgd|adagrad)|^aten::_amp_|multi_tensor_apply"
                   r"|Fused(Adam|SGD)|Adamw?Functor|LpMaxFunctor",
      "foreach/fused optimizer ops and kernels, AMP unscale"),
+    # ---- Mixture-of-Experts: the ranges nn.moe puts around router, dispatch, experts, combine, shared ----
+    ("moe", r"^stepscope\.moe\.", "everything inside a Mixture-of-Experts block's piece ranges"),
     # ---- fused attention (before gemm: fmha kernels carry cutlass/sm80 in their names) ----------------
     ("attention", r"scaled_dot_product|flash|fmha|efficient_attention|cudnn_attention|flex_attention|attention|attn",
      "SDPA and its flash / memory-efficient / cuDNN kernels, FlashAttention kernels and ranges"),

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from stepscope.measure.device import autocast, synchronize
-from stepscope.nn import TransformerLM, lm_loss
+from stepscope.nn import AUX_LOSS_COEF, MOE_IMPLS, TransformerLM, lm_loss
 from stepscope.spec import ModelSpec, Workload
 
 LossFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
@@ -140,16 +140,30 @@ class TrainingStep:
         return no_sync() if accumulate and no_sync is not None else contextlib.nullcontext()
 
 
+def with_aux_loss(model: TransformerLM) -> LossFn:
+    """The language-model loss plus AUX_LOSS_COEF x the MoE load-balancing loss of the same forward (MoE
+    models; a dense model's loss is `lm_loss` itself)."""
+    if not model.spec.is_moe:
+        return lm_loss
+
+    def loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+        aux = model.aux_loss
+        return lm_loss(logits, targets) + AUX_LOSS_COEF * aux if aux is not None else lm_loss(logits, targets)
+
+    return loss
+
+
 def transformer_step(spec: ModelSpec, workload: Workload, *, attention: str = "sdpa",
                      device: torch.device | str = "cpu", compile: bool = False, seed: int = 0,
                      data_seed: int | None = None, optimizer: Optimizer = "adamw", lr: float = 1e-4,
-                     micro_batches: int = 1) -> TrainingStep:
+                     micro_batches: int = 1, moe_impl: str = MOE_IMPLS[0]) -> TrainingStep:
     """The training step of `TransformerLM(spec)`: weights seeded with `seed` (the caller's CPU random state
-    is left as it was), a random batch of tokens drawn with `data_seed` (default `seed`)."""
+    is left as it was), a random batch of tokens drawn with `data_seed` (default `seed`); an MoE model's
+    experts run `moe_impl` and its loss includes the load-balancing loss (`with_aux_loss`)."""
     generator = torch.Generator().manual_seed(seed if data_seed is None else data_seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = TransformerLM(spec, attention=attention)  # initialized on the CPU, then moved
+        model = TransformerLM(spec, attention=attention, moe_impl=moe_impl)  # initialized on the CPU, then moved
     data = torch.randint(0, spec.vocab_size, (workload.batch, workload.seq + 1), generator=generator)
     return TrainingStep(model, data[:, :-1], data[:, 1:], workload, device=device, compile=compile,
-                        optimizer=optimizer, lr=lr, micro_batches=micro_batches)
+                        optimizer=optimizer, lr=lr, micro_batches=micro_batches, loss_fn=with_aux_loss(model))

@@ -1,6 +1,7 @@
 """`TransformerLM`: a pre-norm decoder-only language model built from a `ModelSpec`.
 
-One file, read top to bottom: norms, rotary positions, attention, MLP, block, model. Both families
+One file, read top to bottom: norms, rotary positions, attention, MLP, block, model. The Mixture-of-Experts
+block that replaces the MLP after `spec.dense_layers` blocks lives in `nn.moe`. Both families
 (CS336/Llama: RMSNorm + SwiGLU + RoPE; GPT-2: LayerNorm + GELU + learned positions + biases + tied
 embeddings) come from the same classes. Parameters are registered embeddings first, then blocks,
 then the final norm, matching GPT-2's order so DDP bucket layouts match PyTorch's published ones.
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stepscope.nn.attention import get_attention
+from stepscope.nn.moe import MOE_IMPLS, MoE, RoutedExperts, check_impl
 from stepscope.spec import ModelSpec
 
 
@@ -61,8 +63,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
         # one fused projection for q, k and v: one GEMM instead of three
-        self.qkv = nn.Linear(spec.d_model, spec.d_model + 2 * spec.kv_dim, bias=spec.attn_bias)
-        self.out = nn.Linear(spec.d_model, spec.d_model, bias=spec.attn_bias)
+        self.qkv = nn.Linear(spec.d_model, spec.q_dim + 2 * spec.kv_dim, bias=spec.attn_bias)
+        self.out = nn.Linear(spec.q_dim, spec.d_model, bias=spec.attn_bias)
         self.rotary = (Rotary(spec.head_dim, spec.context_length, spec.rope_theta)
                        if spec.positions == "rope" else None)
         self.attention_name = attention
@@ -87,12 +89,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU (silu(x W_gate) * x W_up) W_down, or GELU (gelu(x W_up)) W_down."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, d_ff: int | None = None) -> None:
         super().__init__()
         self.gated = spec.mlp == "swiglu"
+        d_ff = spec.d_ff if d_ff is None else d_ff  # a shared expert is an MLP of width expert_d_ff
         # SwiGLU's gate and up projections are fused into one GEMM
-        self.up = nn.Linear(spec.d_model, (2 if self.gated else 1) * spec.d_ff, bias=spec.mlp_bias)
-        self.down = nn.Linear(spec.d_ff, spec.d_model, bias=spec.mlp_bias)
+        self.up = nn.Linear(spec.d_model, (2 if self.gated else 1) * d_ff, bias=spec.mlp_bias)
+        self.down = nn.Linear(d_ff, spec.d_model, bias=spec.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.up(x)
@@ -105,14 +108,14 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x)); `mlp` is an `MoE` in MoE blocks."""
 
-    def __init__(self, spec: ModelSpec, attention: str) -> None:
+    def __init__(self, spec: ModelSpec, attention: str, moe_impl: str | None = None) -> None:
         super().__init__()
         self.norm1 = make_norm(spec)
         self.attn = Attention(spec, attention)
         self.norm2 = make_norm(spec)
-        self.mlp = MLP(spec)
+        self.mlp = MLP(spec) if moe_impl is None else MoE(spec, moe_impl, shared=MLP)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
@@ -122,12 +125,14 @@ class Block(nn.Module):
 class TransformerLM(nn.Module):
     """Decoder-only language model: token ids (batch, seq) -> logits (batch, seq, vocab)."""
 
-    def __init__(self, spec: ModelSpec, attention: str = "sdpa") -> None:
+    def __init__(self, spec: ModelSpec, attention: str = "sdpa", moe_impl: str = MOE_IMPLS[0]) -> None:
         super().__init__()
+        check_impl(moe_impl)
         self.spec = spec
         self.tok_emb = nn.Embedding(spec.vocab_size, spec.d_model)
         self.pos_emb = nn.Embedding(spec.context_length, spec.d_model) if spec.positions == "learned" else None
-        self.blocks = nn.ModuleList(Block(spec, attention) for _ in range(spec.n_layers))
+        self.blocks = nn.ModuleList(Block(spec, attention, moe_impl if spec.is_moe and i >= spec.dense_layers else None)
+                                    for i in range(spec.n_layers))
         self.norm_f = make_norm(spec)
         self.lm_head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
         if spec.tie_embeddings:
@@ -142,6 +147,8 @@ class TransformerLM(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
+            elif isinstance(module, RoutedExperts):
+                module.reset_parameters(std=0.02)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         seq = tokens.shape[1]
@@ -153,6 +160,19 @@ class TransformerLM(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.norm_f(x))
+
+    @property
+    def aux_loss(self) -> torch.Tensor | None:
+        """The MoE blocks' load-balancing losses of the last forward, summed (None for a dense model)."""
+        losses = [block.mlp.aux_loss for block in self.blocks if isinstance(block.mlp, MoE)]
+        return torch.stack([loss for loss in losses if loss is not None]).sum() if losses else None
+
+    def set_moe_impl(self, impl: str) -> None:
+        """Switch every MoE block to another expert implementation (parameters are unchanged)."""
+        check_impl(impl)
+        for block in self.blocks:
+            if isinstance(block.mlp, MoE):
+                block.mlp.experts.impl = impl
 
     def set_attention(self, attention: str) -> None:
         """Switch every block to another attention backend (parameters are unchanged)."""

@@ -13,6 +13,10 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
+def _optional(name: str) -> bool:
+    return type(None) in typing.get_args(typing.get_type_hints(ModelSpec)[name])
+
+
 def _field_kind(name: str) -> str:
     hints = typing.get_type_hints(ModelSpec)
     hint = hints[name]
@@ -40,7 +44,7 @@ def parse_field_value(name: str, text: str) -> Any:
                 return False
             raise ValueError
         if kind == "int":
-            if name == "n_kv_heads" and value.lower() in {"none", ""}:
+            if _optional(name) and value.lower() in {"none", ""}:
                 return None
             return int(value.replace("_", ""))
         if kind == "float":

@@ -21,6 +21,22 @@ _MEGATRON = dict(_GPT2, vocab_size=51_200, context_length=2048)
 # Llama 3 (Dubey et al. 2024): RMSNorm, SwiGLU, RoPE theta 500000, grouped-query attention with 8 KV heads.
 _LLAMA3 = dict(vocab_size=128_256, context_length=8192, norm="rms", mlp="swiglu", positions="rope",
                tie_embeddings=False, rope_theta=500_000.0, n_kv_heads=8)
+# Mistral's Mixtral (Jiang et al. 2024, arXiv 2401.04088; HF config.json): Llama-like, 8 experts, top-2.
+_MIXTRAL = dict(context_length=32_768, norm="rms", mlp="swiglu", positions="rope", tie_embeddings=False,
+                rope_theta=1_000_000.0, n_kv_heads=8, n_experts=8, experts_per_token=2)
+# Qwen3 MoE (Qwen3 technical report, arXiv 2505.09388; HF config.json of Qwen3-30B-A3B): head_dim 128
+# wider than d_model / n_heads, 128 experts of width 768, top-8, no shared expert. Its per-head QK
+# RMSNorm (256 weights a block) is not modelled.
+_QWEN3_MOE = dict(vocab_size=151_936, context_length=32_768, norm="rms", mlp="swiglu", positions="rope",
+                  tie_embeddings=False, rope_theta=1_000_000.0)
+# DeepSeek-V3's shapes (DeepSeek-AI 2024, arXiv 2412.19437, §4.2; HF config.json) with grouped-query
+# attention standing in for multi-head latent attention (MLA): 128 heads of width 96 with 8 KV heads have
+# MLA's 187.2M weights per block (MLA: 187.1M), but their score and value products cost 192 instead of
+# MLA's 320 multiply-adds per head and key. The multi-token-prediction module is not counted.
+_DEEPSEEK_V3_GQA = dict(vocab_size=129_280, context_length=4096, norm="rms", mlp="swiglu", positions="rope",
+                        tie_embeddings=False, rope_theta=10_000.0, n_kv_heads=8, head_dim=96,
+                        n_experts=256, experts_per_token=8, expert_d_ff=2048, n_shared_experts=1,
+                        dense_layers=3, router="sigmoid")
 
 
 def _sized(base: dict[str, Any], d_model: int, n_layers: int, n_heads: int, d_ff: int | None = None,
@@ -58,6 +74,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "llama3-8b": _sized(_LLAMA3, 4096, 32, 32, 14336),
     "llama3-70b": _sized(_LLAMA3, 8192, 80, 64, 28672),
     "llama3-405b": _sized(_LLAMA3, 16384, 126, 128, 53248),
+    # Mixture-of-Experts: for tests, one dense block then two MoE blocks with a shared expert
+    "tiny-moe": _sized(_CS336, 64, 3, 4, 256, vocab_size=512, context_length=256, n_experts=4,
+                       experts_per_token=2, expert_d_ff=128, n_shared_experts=1, dense_layers=1),
+    "mixtral-8x7b": _sized(_MIXTRAL, 4096, 32, 32, 14336, vocab_size=32_000),
+    "mixtral-8x22b": _sized(_MIXTRAL, 6144, 56, 48, 16384, vocab_size=32_768, context_length=65_536),
+    "qwen3-30b-a3b": _sized(_QWEN3_MOE, 2048, 48, 32, 6144, n_kv_heads=4, head_dim=128, n_experts=128,
+                            experts_per_token=8, expert_d_ff=768),
+    "deepseek-v3-gqa": _sized(_DEEPSEEK_V3_GQA, 7168, 61, 128, 18432),
 }
 
 

@@ -68,6 +68,8 @@ def add_workload_options(parser: argparse.ArgumentParser, step_config: type) -> 
                        help=f"{'|'.join(PRECISIONS)} (default %(default)s)")
     group.add_argument("--attention", default=config_default(step_config, "attention"),
                        help="attention backend: naive|sdpa|compiled|flash-torch|flash-triton (default %(default)s)")
+    group.add_argument("--moe-impl", default=config_default(step_config, "moe_impl"),
+                       help="routed experts of an MoE model: grouped|reference (default %(default)s)")
     group.add_argument("--compile", action="store_true", help="torch.compile the model (compile time reported apart)")
     add_device_option(group, step_config)
 
@@ -96,7 +98,10 @@ def add_step_options(parser: argparse.ArgumentParser) -> None:
 
 def step_configs(args: argparse.Namespace, warmups: list[int], iters: list[int]) -> list[StepConfig]:
     """A `StepConfig` per combination of the listed model, workload, warmup, iters and threads values."""
+    from stepscope.nn.moe import MOE_IMPLS  # only when configs are made: building the parser stays torch-free
+
+    impls = parse_list(args.moe_impl, choice(*MOE_IMPLS), "--moe-impl")
     return [StepConfig(model=spec, workload=workload, attention=attention, device=args.device, compile=args.compile,
-                       warmup=warmup, iters=n, threads=threads, seed=args.seed)
-            for (spec, workload, attention), warmup, n, threads
-            in itertools.product(workload_grid(args), warmups, iters, threads_list(args))]
+                       warmup=warmup, iters=n, threads=threads, seed=args.seed, moe_impl=impl)
+            for (spec, workload, attention), impl, warmup, n, threads
+            in itertools.product(workload_grid(args), impls, warmups, iters, threads_list(args))]

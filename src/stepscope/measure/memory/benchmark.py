@@ -132,7 +132,8 @@ def measure_memory(config: MemoryConfig, *, plot_path: str | Path | None = None,
     with cpu_threads(step_config.threads), _cuda_history(snapshot_path), track_allocations(device) as trace:
         with torch.profiler.record_function(INIT_RANGE):
             step = transformer_step(step_config.model, step_config.workload, attention=step_config.attention,
-                                device=device, compile=step_config.compile, seed=step_config.seed)
+                                device=device, compile=step_config.compile, seed=step_config.seed,
+                                moe_impl=step_config.moe_impl)
         if laps:
             laps("init")
         region = phase_region()

@@ -36,6 +36,7 @@ from stepscope.measure.profile.tables import (
     group_seconds,
     groups_of,
     matmul_share_table,
+    moe_table,
     timer_table,
     top_ops_table,
 )
@@ -84,6 +85,8 @@ class ProfileResult:
         tables.append(timer_table(self.work, self.ranges, self.timer, steps))
         if self.config.step.attention == "naive":
             tables.append(attention_pieces_table(self.events, self.ranges, steps, self.device))
+        if self.config.step.model.is_moe:
+            tables.append(moe_table(self.work, steps))
         return tables
 
     def metrics(self) -> dict[str, Any]:
@@ -92,7 +95,9 @@ class ProfileResult:
         metrics: dict[str, Any] = {"active_steps": steps, "threads": self.threads}
         for group in groups_of(self.config.step.workload.phases):
             total = group_seconds(self.work, group)
-            for category in ("matmul", "attention", "other"):
+            shown = ("matmul", "attention", "moe", "other") if self.config.step.model.is_moe else (
+                "matmul", "attention", "other")
+            for category in shown:
                 part = sum(w.seconds for w in self.work if w.category == category and w.phase in PHASE_GROUPS[group])
                 metrics[f"{group}_{category}_pct"] = 100.0 * part / total if total else 0.0
             metrics[f"{group}_in_ops_ms"] = 1e3 * total / steps
@@ -109,7 +114,8 @@ def profile_step(config: ProfileConfig, trace_path: str | Path | None = None) ->
     naive = step_config.attention == "naive"
     with cpu_threads(step_config.threads) as threads:
         step = transformer_step(step_config.model, step_config.workload, attention=step_config.attention,
-                            device=device, compile=step_config.compile, seed=step_config.seed)
+                            device=device, compile=step_config.compile, seed=step_config.seed,
+                            moe_impl=step_config.moe_impl)
         if step_config.compile:
             step.compile_seconds()  # compile outside the profiled steps
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -179,7 +185,9 @@ def run_profile_sweep(configs: list[ProfileConfig], out: str | Path | None = Non
             check_writable_file(path, "the trace")
     if out is not None:
         naive = any(config.step.attention == "naive" for config in configs)
-        kinds = ["profile", *(k for k in TABLE_KINDS if naive or k != "profile-attention")]
+        moe = any(config.step.model.is_moe for config in configs)
+        kinds = ["profile", *(k for k in TABLE_KINDS if (naive or k != "profile-attention")
+                              and (moe or k != "profile-moe"))]
         check_tables_writable(out, kinds + (["memory", *MEMORY_KINDS] if with_memory else []))
     device = resolve_device(configs[0].step.device)
     index_of = {id(config): i for i, config in enumerate(configs)}

@@ -10,8 +10,10 @@ from typing import Any
 from stepscope.errors import UsageError
 from stepscope.measure.step.config import StepConfig
 
-TABLE_KINDS = ("profile-category", "profile-op", "profile-share", "profile-timer", "profile-attention")
-"""Record kinds of a point's tables (`profile-attention` only for naive attention); `profile` is its summary."""
+TABLE_KINDS = ("profile-category", "profile-op", "profile-share", "profile-timer", "profile-attention",
+               "profile-moe")
+"""Record kinds of a point's tables (`profile-attention` only for naive attention, `profile-moe` only for MoE
+models); `profile` is its summary."""
 STEP_WARMUP = 1
 """The step's `warmup` when the command line gives none: steps the profiler records, then discards."""
 STEP_ITERS = 3

@@ -30,6 +30,9 @@ from stepscope.measure.categories import (
 )
 from stepscope.measure.ranges import PHASES, RANGE_PREFIX, range_name
 
+MOE_RANGE_PREFIX = RANGE_PREFIX + "moe."
+"""`stepscope.nn.moe.MOE_RANGE_PREFIX` (profile reads the names; it does not import the model)."""
+
 PHASE_GROUPS: dict[str, tuple[str, ...]] = {"fwd": ("forward",), "fwd-bwd": ("forward", "backward"),
                                             "train": ("forward", "backward", "optimizer")}
 """Cumulative phase groups, named like the workload modes: forward, forward+backward, the full train step."""
@@ -47,6 +50,8 @@ class Work:
     seconds: float
     call: int
     """Identity of one call of `op` (slices with equal `call` are one call), for call counts."""
+    piece: str | None = None
+    """For `moe` work: the piece of the MoE block (router, dispatch, experts, combine, shared)."""
 
 
 @dataclass(frozen=True)
@@ -102,9 +107,10 @@ def _host_work(events: Sequence[Any], phase_of: _PhaseLookup, classifier: _Class
         phase = phase_of(event.time_range.start)
         if phase is None:
             continue
-        category, _ = classifier.classify(event)
+        category, decider = classifier.classify(event)
         op = op_of(event)
-        work.append(Work(phase, category, display_name(op.name), event.self_cpu_time_total / 1e6, id(op)))
+        work.append(Work(phase, category, display_name(op.name), event.self_cpu_time_total / 1e6, id(op),
+                         moe_piece(category, decider)))
     return work
 
 
@@ -123,7 +129,8 @@ def _kernel_work(events: Sequence[Any], phase_of: _PhaseLookup, classifier: _Cla
             continue
         category = classifier.category(op, extra=kernel.name)
         seconds = (kernel.time_range.end - kernel.time_range.start) / 1e6
-        work.append(Work(phase, category, short_name(kernel.name), seconds, id(kernel)))
+        piece = moe_piece(category, classifier.classify(op)[1]) if op is not None else None
+        work.append(Work(phase, category, short_name(kernel.name), seconds, id(kernel), piece))
     return work
 
 
@@ -139,38 +146,38 @@ class _Classifier:
     """Categories of call chains, with backward nodes mapped to their forward op's category."""
 
     def __init__(self, events: Sequence[Any], phase_of: _PhaseLookup) -> None:
-        self._memo: dict[int, tuple[str, Any]] = {}
-        # (thread, sequence number, op base name) -> category. Every op records the sequence number the
-        # NEXT autograd node will get, so several ops share one; the node's own name says which op made it
-        # (MaskedFillBackward0 <- aten::masked_fill).
-        self.forward_category: dict[tuple[int, int, str], str] = {}
+        self._memo: dict[int, tuple[str, str]] = {}
+        # (thread, sequence number, op base name) -> (category, the name that decided it). Every op records the
+        # sequence number the NEXT autograd node will get, so several ops share one; the node's own name says
+        # which op made it (MaskedFillBackward0 <- aten::masked_fill).
+        self.forward_category: dict[tuple[int, int, str], tuple[str, str]] = {}
         for event in events:  # start order: a composite op is seen before its parts, outermost wins
             if (_is_host(event) and event.sequence_nr >= 0 and not is_autograd_node(event.name)
                     and phase_of(event.time_range.start) == "forward"):
-                category, _ = self.classify(event, use_forward=False)
-                if category != "other":
+                decided = self.classify(event, use_forward=False)
+                if decided[0] != "other":
                     key = (event.thread, event.sequence_nr, _base_name(event.name))
-                    self.forward_category.setdefault(key, category)
+                    self.forward_category.setdefault(key, decided)
 
-    def classify(self, event: Any, use_forward: bool = True) -> tuple[str, Any]:
-        """(category, the event of the chain that decided it) for a host event."""
+    def classify(self, event: Any, use_forward: bool = True) -> tuple[str, str]:
+        """(category, the name in the chain that decided it; for a backward node, its forward op's) for a
+        host event."""
         key = id(event)
         if use_forward and key in self._memo:
             return self._memo[key]
-        result: tuple[str, Any] | None = None
+        result: tuple[str, str] | None = None
         for link in _chain(event):
             if use_forward and is_autograd_node(link.name) and link.sequence_nr >= 0:
                 node_op = _base_name(normalize_name(link.name))
-                category = self.forward_category.get((link.fwd_thread, link.sequence_nr, node_op))
-                if category is not None:
-                    result = (category, link)
+                result = self.forward_category.get((link.fwd_thread, link.sequence_nr, node_op))
+                if result is not None:
                     break
             category = categorize(link.name)
             if category is not None:
-                result = (category, link)
+                result = (category, link.name)
                 break
         if result is None:
-            result = ("other", event)
+            result = ("other", event.name)
         if use_forward:
             self._memo[key] = result
         return result
@@ -182,6 +189,11 @@ class _Classifier:
             if category != "other":
                 return category
         return categorize(extra) or "other"
+
+
+def moe_piece(category: str, decider: str) -> str | None:
+    """The MoE piece of `moe` work, from the range that decided its category (`stepscope.moe.experts`)."""
+    return decider.removeprefix(MOE_RANGE_PREFIX) if category == "moe" else None
 
 
 def _chain(event: Any) -> list[Any]:

@@ -4,6 +4,8 @@ All times are per step: the profiler's active steps are summed and divided by th
 - categories: per phase group (forward, forward+backward, train step): time, % of the group, calls, average;
 - top ops: the ops (CPU) or kernels (CUDA) with the most time in a group, with category and calls per step;
 - matmul share: the fraction of profiled time in matmuls, per group side by side;
+- MoE pieces (MoE models): the `moe` category split into router, dispatch, experts, combine and shared, per
+  phase (forward, backward);
 - timer vs profiler: per phase, the wall time of the timing harness (no profiler attached), the wall time
   of the profiled phase range, and the time the profiler saw in ops or kernels; range - ops is host
   overhead and launch gaps (Python, the dispatcher, autograd bookkeeping, idle device), range - timer the
@@ -92,6 +94,31 @@ def matmul_share_table(work: Sequence[Work], groups: Sequence[str], steps: int) 
                      "attention_pct": 100.0 * attention / total if total else 0.0})
     return Table("profile-share", "share of time in matmuls (the optimizer adds many small ops)",
                  ("phase",), rows)
+
+
+MOE_PIECES = ("router", "dispatch", "experts", "combine", "shared")
+"""The `stepscope.moe.<piece>` ranges of `nn.moe`, in the order a token meets them."""
+
+
+def moe_table(work: Sequence[Work], steps: int) -> Table:
+    """Time in each MoE piece per phase, as a share of the phase's MoE time and of all its time in ops."""
+    rows = []
+    for phase in ("forward", "backward"):
+        selected = [w for w in work if w.phase == phase]
+        total = sum(w.seconds for w in selected)
+        moe = [w for w in selected if w.category == "moe"]
+        moe_total = sum(w.seconds for w in moe)
+        for piece in MOE_PIECES:
+            part = [w for w in moe if w.piece == piece]
+            if not part:
+                continue
+            seconds = sum(w.seconds for w in part)
+            rows.append({"phase": phase, "piece": piece, "time_ms": 1e3 * seconds / steps,
+                         "pct_of_moe": 100.0 * seconds / moe_total if moe_total else 0.0,
+                         "pct_of_phase": 100.0 * seconds / total if total else 0.0,
+                         "calls_per_step": len({w.call for w in part}) / steps})
+    return Table("profile-moe", "Mixture-of-Experts pieces per step (the `moe` category split by range)",
+                 ("phase", "piece"), rows)
 
 
 def timer_table(work: Sequence[Work], ranges: Sequence[PhaseRange], timer: dict[str, Stats], steps: int) -> Table:

@@ -98,7 +98,7 @@ def benchmark_ab(a: StepConfig, b: StepConfig) -> StepABResult:
     device = resolve_device(a.device)
     with cpu_threads(a.threads) as threads:
         steps = [transformer_step(c.model, c.workload, attention=c.attention, device=device, compile=c.compile,
-                              seed=c.seed) for c in (a, b)]
+                              seed=c.seed, moe_impl=c.moe_impl) for c in (a, b)]
         if a.compile:  # the first call compiles: never inside a timed pair, whatever --warmup says
             for step in steps:
                 step.compile_seconds()

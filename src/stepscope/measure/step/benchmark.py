@@ -122,7 +122,7 @@ def benchmark_step(config: StepConfig) -> StepResult:
     device = resolve_device(config.device)
     with cpu_threads(config.threads) as threads:
         step = transformer_step(config.model, config.workload, attention=config.attention, device=device,
-                            compile=config.compile, seed=config.seed)
+                            compile=config.compile, seed=config.seed, moe_impl=config.moe_impl)
         compile_s = step.compile_seconds() if config.compile else None
         for _ in range(config.warmup):
             step.prepare()

@@ -33,6 +33,8 @@ class StepConfig:
     """CPU intra-op threads (None: PyTorch's default)."""
     seed: int = 0
     """Seed for weights and the random batch."""
+    moe_impl: str = "grouped"
+    """Routed-expert implementation of an MoE model: grouped (padded batched matmul) or reference (a loop)."""
 
     def validate(self) -> None:
         """Everything that can be checked before building anything (raises UsageError)."""
@@ -47,6 +49,9 @@ class StepConfig:
         reason = unsupported_reason(self.attention, device, dtype_of(self.workload.precision), self.model.head_dim)
         if reason:
             raise UsageError(reason)
+        from stepscope.nn.moe import check_impl
+
+        check_impl(self.moe_impl)
         if self.warmup < 0 or self.iters <= 0:
             raise UsageError(f"need warmup >= 0 and iters > 0, got warmup={self.warmup} iters={self.iters}")
 
@@ -54,4 +59,6 @@ class StepConfig:
         config = {"model": self.model.name, **self.workload.to_dict()}
         config.update({k: v for k, v in dataclasses.asdict(self).items() if k not in ("model", "workload")})
         config["model_spec"] = self.model.to_dict()
+        if not self.model.is_moe:  # dense records stay as they were (and --resume still finds them)
+            del config["moe_impl"]
         return config
