@@ -1,7 +1,7 @@
 """Search every valid parallel plan for a model, a system, N GPUs and a global batch.
 
 1. Shapes: every (tp, pp, cp) whose product divides N, dp = N / (tp·pp·cp); crossed with every
-   micro-batch and interleave value. The plan rules (`spec.plan.CONSTRAINTS`) are evaluated on these
+   micro-batch and interleave value and, for a Mixture-of-Experts model, every expert-parallel size. The plan rules (`spec.plan.CONSTRAINTS`) are evaluated on these
    arrays; each rule's count of excluded candidates is kept for `--explain`.
 2. The surviving shapes (sequence parallelism included) are expanded into groups — one per distinct
    placement of the tp/cp/dp/pp groups on rank numbers and per attention kind — and each group into its
@@ -51,6 +51,9 @@ class SearchSpace:
     """Context-parallel sizes (default: divisors of the GPU count)."""
     micro_batch: tuple[int, ...] | None = None
     """Micro-batch sizes (default: divisors of the global batch)."""
+    ep: tuple[int, ...] | None = None
+    """Expert-parallel sizes (default: the powers of two up to n_experts that divide dp x cp; 1 for a dense
+    model)."""
     interleave: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
     """Virtual pipeline chunks per stage."""
     zero: tuple[int, ...] = (0, 1, 2, 3)
@@ -80,6 +83,8 @@ class SearchSpace:
     """Gradient reduction overlaps backward."""
     tp_overlap: bool = False
     """TP/CP collectives overlap their GEMMs."""
+    expert_imbalance: float = 1.0
+    """Tokens of the busiest expert-parallel rank / the mean (`ParallelPlan.expert_imbalance`)."""
 
 
 @dataclass
@@ -134,7 +139,7 @@ class _Rows:
         return ParallelPlan(sequence_parallel=bool(self.sequence_parallel[i]), **fields)
 
 
-def _shape_rows(gpus: int, space: SearchSpace, workload: Workload, n_layers: int) -> _Rows:
+def _shape_rows(gpus: int, space: SearchSpace, workload: Workload, n_layers: int, n_experts: int = 0) -> _Rows:
     tps = space.tp or tuple(divisors(gpus))
     pps = space.pp or tuple(divisors(gpus))
     cps = space.cp or tuple(divisors(gpus))
@@ -150,13 +155,17 @@ def _shape_rows(gpus: int, space: SearchSpace, workload: Workload, n_layers: int
             options.append(((n_layers + 2) // pp - 1,) * 2)
         return options
 
-    grid = np.array([(tp, pp, cp, dp, mb, v, sp, first, last, shard)
-                     for (tp, pp, cp, dp), mb, v, sp, shard
-                     in itertools.product(shapes, mbs, space.interleave, space.sequence_parallel, space.shard_group)
+    # expert parallelism: powers of two up to the routed experts (1 for a dense model), within dp x cp
+    eps = space.ep or tuple(2**i for i in range(n_experts.bit_length()) if 2**i <= n_experts) or (1,)
+    grid = np.array([(tp, pp, cp, dp, mb, v, sp, first, last, shard, ep)
+                     for (tp, pp, cp, dp), mb, v, sp, shard, ep
+                     in itertools.product(shapes, mbs, space.interleave, space.sequence_parallel, space.shard_group,
+                                          eps)
+                     if space.ep or (dp * cp) % ep == 0  # given values meet the rules (and their count)
                      for first, last in stage_options(pp)], dtype=np.int64)
     return _Rows(tp=grid[:, 0], pp=grid[:, 1], cp=grid[:, 2], dp=grid[:, 3], micro_batch=grid[:, 4],
                  interleave=grid[:, 5], sequence_parallel=grid[:, 6].astype(bool), first_stage_layers=grid[:, 7],
-                 last_stage_layers=grid[:, 8], shard_group=grid[:, 9])
+                 last_stage_layers=grid[:, 8], shard_group=grid[:, 9], ep=grid[:, 10])
 
 
 def _placement_table(rows: _Rows, space: SearchSpace) -> tuple[np.ndarray, dict[int, list[int]]]:
@@ -177,7 +186,7 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
     ones by tokens/s. `progress(done, total)` is called after every chunk."""
     workload.check_fits(spec.context_length)
     start = time.perf_counter()
-    rows = _shape_rows(gpus, space, workload, spec.n_layers)
+    rows = _shape_rows(gpus, space, workload, spec.n_layers, spec.n_experts)
     facts = Facts.of(spec, workload.batch, workload.seq)
     key, placements = _placement_table(rows, space)
     multiplicity = np.array([len(placements[int(k)]) for k in key]) * (
@@ -229,7 +238,8 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
                            fp32_grads=space.fp32_grads, dp_overlap=space.dp_overlap, tp_overlap=space.tp_overlap,
                            first_stage_layers=rows.first_stage_layers[r], last_stage_layers=rows.last_stage_layers[r],
                            shard_group=rows.shard_group[r], reshard_after_forward=space.reshard_after_forward,
-                           fp8_recipe=space.fp8_recipe, layout={d: np.repeat(g[lo:hi], k) for d, g in layout.items()})
+                           fp8_recipe=space.fp8_recipe, ep=rows.ep[r], expert_imbalance=space.expert_imbalance,
+                           layout={d: np.repeat(g[lo:hi], k) for d, g in layout.items()})
         out = evaluate_many(spec, workload, system, cands, group_size=k)
         ok = out["feasible"]
         i = int(np.argmin(out["mem_GiB"]))
