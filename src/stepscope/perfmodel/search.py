@@ -1,7 +1,8 @@
 """Search every valid parallel plan for a model, a system, N GPUs and a global batch.
 
 1. Shapes: every (tp, pp, cp) whose product divides N, dp = N / (tp·pp·cp); crossed with every
-   micro-batch and interleave value and, for a Mixture-of-Experts model, every expert-parallel size. The plan rules (`spec.plan.CONSTRAINTS`) are evaluated on these
+   micro-batch and interleave value and, for a Mixture-of-Experts model, every expert-parallel size. The plan
+   rules (`spec.plan.CONSTRAINTS`) are evaluated on these
    arrays; each rule's count of excluded candidates is kept for `--explain`.
 2. The surviving shapes (sequence parallelism included) are expanded into groups — one per distinct
    placement of the tp/cp/dp/pp groups on rank numbers and per attention kind — and each group into its
@@ -148,24 +149,25 @@ def _shape_rows(gpus: int, space: SearchSpace, workload: Workload, n_layers: int
               if gpus % (tp * pp * cp) == 0]
     if not shapes:
         raise UsageError(f"no (tp, pp, cp) in the search space divides {gpus} GPUs")
-    def stage_options(pp: int) -> list[tuple[int, int]]:
-        """Even stages, and (where it splits the layers) first and last one layer fewer than the middle."""
-        options = [(0, 0)]
-        if space.uneven_stages and pp > 2 and (n_layers + 2) % pp == 0 and (n_layers + 2) // pp >= 2:
-            options.append(((n_layers + 2) // pp - 1,) * 2)
-        return options
-
     # expert parallelism: powers of two up to the routed experts (1 for a dense model), within dp x cp
     eps = space.ep or tuple(2**i for i in range(n_experts.bit_length()) if 2**i <= n_experts) or (1,)
-    grid = np.array([(tp, pp, cp, dp, mb, v, sp, first, last, shard, ep)
-                     for (tp, pp, cp, dp), mb, v, sp, shard, ep
-                     in itertools.product(shapes, mbs, space.interleave, space.sequence_parallel, space.shard_group,
-                                          eps)
-                     if space.ep or (dp * cp) % ep == 0  # given values meet the rules (and their count)
-                     for first, last in stage_options(pp)], dtype=np.int64)
-    return _Rows(tp=grid[:, 0], pp=grid[:, 1], cp=grid[:, 2], dp=grid[:, 3], micro_batch=grid[:, 4],
-                 interleave=grid[:, 5], sequence_parallel=grid[:, 6].astype(bool), first_stage_layers=grid[:, 7],
-                 last_stage_layers=grid[:, 8], shard_group=grid[:, 9], ep=grid[:, 10])
+    # the product of every dimension in numpy (C order: the stage option varies fastest), then the rows that
+    # exist kept: the uneven-stage option only where it splits the layers (first and last one layer fewer than
+    # the middle), default expert-parallel sizes only where they divide dp x cp
+    shape = np.array(shapes, dtype=np.int64)
+    axes = [np.arange(len(shapes)), np.array(mbs), np.array(space.interleave), np.array(space.sequence_parallel,
+            dtype=np.int64), np.array(space.shard_group), np.array(eps), np.arange(2)]
+    grid = [a.reshape(-1) for a in np.meshgrid(*axes, indexing="ij")]
+    i, mb, v, sp, shard, ep, uneven = grid
+    tp, pp, cp, dp = (shape[i, k] for k in range(4))
+    splits = space.uneven_stages & (pp > 2) & ((n_layers + 2) % pp == 0) & ((n_layers + 2) // pp >= 2)
+    keep = (uneven == 0) | splits
+    if not space.ep:  # given values meet the rules (and their count)
+        keep &= (dp * cp) % ep == 0
+    stage = np.where(uneven == 1, (n_layers + 2) // pp - 1, 0)[keep]
+    return _Rows(tp=tp[keep], pp=pp[keep], cp=cp[keep], dp=dp[keep], micro_batch=mb[keep], interleave=v[keep],
+                 sequence_parallel=sp[keep].astype(bool), first_stage_layers=stage, last_stage_layers=stage.copy(),
+                 shard_group=shard[keep], ep=ep[keep])
 
 
 def _placement_table(rows: _Rows, space: SearchSpace) -> tuple[np.ndarray, dict[int, list[int]]]:
@@ -189,7 +191,9 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
     rows = _shape_rows(gpus, space, workload, spec.n_layers, spec.n_experts)
     facts = Facts.of(spec, workload.batch, workload.seq)
     key, placements = _placement_table(rows, space)
-    multiplicity = np.array([len(placements[int(k)]) for k in key]) * (
+    per_key = np.zeros(1 << len(DIMENSIONS), dtype=np.int64)
+    per_key[list(placements)] = [len(v) for v in placements.values()]
+    multiplicity = per_key[key] * (
         len(space.zero) * len(space.recompute) * len(space.flash_attention))
     valid = np.ones(len(key), dtype=bool)
     rejected: dict[str, int] = {}

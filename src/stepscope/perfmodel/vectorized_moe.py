@@ -1,7 +1,7 @@
 """The Mixture-of-Experts block's terms for the vectorized evaluator, as arrays.
 
-A MoE block (`ops_moe.py`) depends on few plan fields: the micro-batch, tp, cp, ep, sequence parallelism and
-how many members of the TP and EP groups share a fast domain (the workload, the system and the switches a
+A MoE block (`ops_moe.py`) depends on few plan fields: the tokens of a micro-batch on one GPU (b·s/cp), tp,
+ep, sequence parallelism and how many members of the TP and EP groups share a fast domain (the workload, the system and the switches a
 search keeps fixed aside). A search crosses those few combinations with placements of the other groups,
 pipeline shapes, ZeRO stages and recompute modes, so it holds a few hundred distinct MoE blocks among
 millions of candidates. Each distinct block is therefore evaluated once, by the reference itself (the ops of
@@ -36,9 +36,10 @@ _MAX_TABLES = 32
 
 def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int, ...]) -> tuple[float, ...]:
     """One MoE block's terms: the reference's ops and timing."""
-    seq, act_bytes, precision, fp8_recipe, dropout, overlap, imbalance = settings
-    b, t, cp, ep, g_tp, g_ep, sp = key
-    g = Geometry(b, seq, act_bytes, t, cp, bool(sp), True, dropout, fp8_recipe, ep, imbalance)
+    act_bytes, precision, fp8_recipe, dropout, overlap, imbalance = settings
+    tokens, t, ep, g_tp, g_ep, sp = key
+    # a MoE block sees a micro-batch only through its tokens per GPU, b·s/cp (an integer: cp splits s evenly)
+    g = Geometry(tokens, 1, act_bytes, t, 1, bool(sp), True, dropout, fp8_recipe, ep, imbalance)
     layout = {"tp": g_tp, "ep": g_ep}
     out = dict.fromkeys(FIELDS, 0.0)
     ops = moe_block(spec, g)
@@ -61,21 +62,25 @@ def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int,
     return tuple(out[name] for name in FIELDS)
 
 
-def moe_block_terms(spec: ModelSpec, system: SystemSpec, settings: tuple, micro_batch: np.ndarray, tp: np.ndarray,
-                    cp: np.ndarray, ep: np.ndarray, g_tp: np.ndarray, g_ep: np.ndarray,
-                    sp: np.ndarray) -> dict[str, np.ndarray]:
-    """`FIELDS` as arrays, one element per plan. `settings`: (seq, activation bytes, activation precision, fp8
-    recipe or None, dropout, tp_overlap, expert_imbalance), what every plan of the call shares."""
+def moe_block_terms(spec: ModelSpec, system: SystemSpec, settings: tuple, tokens: np.ndarray, tp: np.ndarray,
+                    ep: np.ndarray, g_tp: np.ndarray, g_ep: np.ndarray, sp: np.ndarray) -> dict[str, np.ndarray]:
+    """`FIELDS` as arrays, one element per plan of `tokens` (b·s/cp) per GPU. `settings`: (activation bytes,
+    activation precision, fp8 recipe or None, dropout, tp_overlap, expert_imbalance), what every plan of the
+    call shares."""
     cache_key = (id(spec), id(system), settings)
     if cache_key not in _TABLES:
         if len(_TABLES) >= _MAX_TABLES:
             _TABLES.clear()
         _TABLES[cache_key] = (spec, system, {})  # the objects stay referenced, so their ids stay theirs
     table = _TABLES[cache_key][2]
-    keys = np.stack([micro_batch, tp, cp, ep, g_tp, g_ep, sp], axis=1).astype(np.int64)
-    distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
+    columns = [np.asarray(x).astype(np.int64) for x in (tokens, tp, ep, g_tp, g_ep, sp)]
+    columns = [np.broadcast_to(x, (len(columns[0]),)) for x in columns]
+    # one integer per key (each column numbered by its distinct values), then the distinct keys
+    numbered = [np.unique(x, return_inverse=True) for x in columns]
+    code = np.ravel_multi_index([inv.reshape(-1) for _, inv in numbered], [len(u) for u, _ in numbered])
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     rows = []
-    for row in distinct.tolist():
+    for row in np.stack(columns, axis=1)[first].tolist():
         key = tuple(row)
         if key not in table:
             table[key] = _block(spec, system, settings, key)

@@ -219,9 +219,9 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     if spec.is_moe:
         first_d = np.minimum(dense_total, first_l)
         counts = {"first": (first_d, first_l - first_d), "mid": (zeros, mid_l), "last": (zeros, last_l)}
-        block = moe_block_terms(spec, system, (seq, e, act_precision, c.fp8_recipe if fp8 else None, c.dropout,
-                                               overlap, c.expert_imbalance), c.micro_batch, c.tp, c.cp, c.ep,
-                                g_tp, np.minimum(c.ep, g_dp), c.sequence_parallel)
+        block = moe_block_terms(spec, system, (e, act_precision, c.fp8_recipe if fp8 else None, c.dropout, overlap,
+                                               c.expert_imbalance), c.micro_batch * (seq // c.cp), c.tp, c.ep, g_tp,
+                                np.minimum(c.ep, g_dp), c.sequence_parallel)
         # one attention block: its norm, QKV and output projections (the MoE block has its own norm)
         att_p = (norm_p + h * (q + 2 * kv) / t + ((q + 2 * kv) / t if spec.attn_bias else 0.0) + q * h / t
                  + (h if spec.attn_bias else 0.0))
@@ -244,8 +244,9 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     critical = np.where(single, 0, critical)
     params = np.where(single, one_p, np.choose(critical, [first_p, mid_p, last_p]))
     experts = np.where(single, one_e, np.choose(critical, np.broadcast_arrays(first_e, mid_e, last_e)))
-    critical_dense = np.where(single, dense_total, np.choose(critical, [counts[k][0] for k in ("first", "mid", "last")]))
-    critical_moe = np.where(single, n_moe, np.choose(critical, [counts[k][1] for k in ("first", "mid", "last")]))
+    names = ("first", "mid", "last")
+    critical_dense = np.where(single, dense_total, np.choose(critical, [counts[k][0] for k in names]))
+    critical_moe = np.where(single, n_moe, np.choose(critical, [counts[k][1] for k in names]))
     # ZeRO-3 gathers: the linear layers' weights in fp8 where the recipe casts before gathering
     gathered = params * e
     fp8_gather = fp8 and c.fp8_recipe != "blockwise"
@@ -313,7 +314,8 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     terms.update({
         "m": m.astype(float), "first_layers": first_l.astype(float), "mid_layers": mid_l.astype(float),
         "last_layers": last_l.astype(float), "mid_dense": counts["mid"][0], "last_dense": counts["last"][0],
-        "one_dense": np.full(len(c), float(dense_total)), "one_moe": np.full(len(c), float(n_moe)), "has_middle": has_middle, "single": single, "pp": pp, "v": v,
+        "one_dense": np.full(len(c), float(dense_total)), "one_moe": np.full(len(c), float(n_moe)),
+        "has_middle": has_middle, "single": single, "pp": pp, "v": v,
         "dp_cp": n_dp, "shard": n_shard, "replicas": replicas, "layers_total": np.full(len(c), float(spec.n_layers)),
         "gpus": c.gpus.astype(float), "fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "cp_fwd": cp_fwd,
         "cp_bwd": cp_bwd, "sel_fwd": sel_fwd, "sel_cp": sel_cp,
@@ -324,7 +326,8 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
         "p2p_fwd": p2p_fwd, "p2p_bwd": p2p_bwd, "params": params, "n_full": n_full,
         "layer_params": layer_p, "first_params": first_p, "mid_params": mid_p, "last_params": last_p,
         "one_params": one_p, "first_experts": first_e, "mid_experts": mid_e, "last_experts": last_e,
-        "one_experts": one_e, "moe_params": moe_p, "expert_params": expert_p, "first_dense": counts["first"][0], "first_moe": counts["first"][1],
+        "one_experts": one_e, "moe_params": moe_p, "expert_params": expert_p, "first_dense": counts["first"][0],
+        "first_moe": counts["first"][1],
         "mid_moe": counts["mid"][1], "last_moe": counts["last"][1], "edp": n_dp / c.ep,
         "flops_full": layer_flops + square, "flops_selective": np.where(flash, 0.0, square)})
     if spec.is_moe:  # a MoE layer: the attention block (as above) and the MoE block
