@@ -13,7 +13,7 @@ from typing import Any
 from stepscope.perfmodel.collectives import collective_time
 from stepscope.perfmodel.evaluate import geometry, group_layout
 from stepscope.perfmodel.memory import layer_kinds
-from stepscope.perfmodel.ops import Cost, Op
+from stepscope.perfmodel.ops import Cost, Op, activation_precision
 from stepscope.perfmodel.timing import exposed, op_time
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
 from stepscope.spec.plan import ParallelPlan
@@ -32,7 +32,7 @@ def _describe(cost: Cost) -> str:
 
 def per_layer_rows(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: SystemSpec) -> list[dict[str, Any]]:
     """Rows for every op of one layer, then `attention xL`, `mlp xL` and `layer xL` sums over a stage."""
-    e = bytes_per_element(workload.precision)
+    e = bytes_per_element(activation_precision(workload.precision))
     g = geometry(plan, workload)
     layout = group_layout(plan, system.network.domain_size)
     dense_ops, moe_ops = layer_kinds(spec, g)
@@ -55,7 +55,9 @@ def _row(op: Op, workload: Workload, plan: ParallelPlan, system: SystemSpec, lay
          e: int) -> dict[str, Any]:
     compute = memory = comm = total = 0.0
     for cost in (op.forward, op.backward):
-        timed = op_time(cost, op.kind, system.accelerator, workload.precision)
+        # as `evaluate.direction_span`: fp8 GEMMs at the fp8 rate, everything else in the activations' precision
+        timed = op_time(cost, op.kind, system.accelerator,
+                        "fp8" if op.fp8 and workload.precision == "fp8" else activation_precision(workload.precision))
         compute += timed.compute_s
         memory += timed.memory_s
         total += timed.total_s
