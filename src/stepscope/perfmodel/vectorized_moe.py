@@ -1,13 +1,14 @@
 """The Mixture-of-Experts block's terms for the vectorized evaluator, as arrays.
 
 A MoE block (`ops_moe.py`) depends on few plan fields: the tokens of a micro-batch on one GPU (b·s/cp), tp,
-ep, sequence parallelism and how many members of the TP and EP groups share a fast domain (the workload, the system and the switches a
-search keeps fixed aside). A search crosses those few combinations with placements of the other groups,
-pipeline shapes, ZeRO stages and recompute modes, so it holds a few hundred distinct MoE blocks among
-millions of candidates. Each distinct block is therefore evaluated once, by the reference itself (the ops of
-`ops_moe.moe_block`, timed by `timing.op_time` and `collectives.collective_time` as `evaluate.direction_span`
-times them), kept in a table for the rest of the search, and gathered into arrays: the vectorized evaluator
-equals the reference for the MoE block by construction, and costs a table lookup per candidate.
+ep, sequence parallelism and how many members of the TP and EP groups share a fast domain (the workload, the
+system and the switches a search keeps fixed aside). A search crosses those few combinations with placements
+of the other groups, pipeline shapes, ZeRO stages and recompute modes, so it holds a few hundred to a few
+thousand distinct MoE blocks among millions of candidates. Each distinct block is therefore evaluated once,
+by the reference itself (the ops of `ops_moe.moe_block`, timed by `timing.op_time` and
+`collectives.collective_time` as `evaluate.direction_span` times them), kept in a table for the rest of the
+search, and gathered into arrays: the vectorized evaluator equals the reference for the MoE block by
+construction, and costs a table lookup per group of candidates.
 """
 
 from __future__ import annotations
