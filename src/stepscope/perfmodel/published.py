@@ -16,7 +16,8 @@ A source publishes a step time, tokens/s per GPU, TFLOP/s per GPU or MFU; each b
 time: as published, B·s / (tokens/s/GPU · GPUs), or the run's FLOPs / (rate · GPUs) with the FLOPs counted as
 the source counts them (`flops_convention`: `6N+attention` is stepscope's `ModelSpec.flops_per_token` with
 causal attention counted half, `6N+attention-full` with the full s x s square, as Megatron's and Meta's MFU do;
-`6N` without attention; for MoE models N counts the activated weights), and MFU against the bf16 dense peak of the row's system.
+`6N` without attention; for MoE models N counts the activated weights), and MFU against the bf16 dense peak
+of the row's system.
 """
 
 from __future__ import annotations
