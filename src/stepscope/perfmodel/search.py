@@ -67,7 +67,8 @@ class SearchSpace:
     """Fused attention kernel or not."""
     uneven_stages: bool = True
     """Also try pipelines whose first and last stage hold one layer fewer than the others (Llama 3's
-    balancing of the embedding and the loss), wherever that splits the layers."""
+    balancing of the embedding and the loss), wherever that splits the layers, and, where pp does not divide
+    the layers, middle stages of ceil(layers/pp) with the rest on the first and the last (DeepSeek-V3)."""
     shard_group: tuple[int, ...] = (0, 8)
     """ZeRO/FSDP shard group sizes (0: all dp x cp ranks; 8: one node, HSDP across nodes)."""
     reshard_after_forward: bool = True
@@ -152,22 +153,38 @@ def _shape_rows(gpus: int, space: SearchSpace, workload: Workload, n_layers: int
     # expert parallelism: powers of two up to the routed experts (1 for a dense model), within dp x cp
     eps = space.ep or tuple(2**i for i in range(n_experts.bit_length()) if 2**i <= n_experts) or (1,)
     # the product of every dimension in numpy (C order: the stage option varies fastest), then the rows that
-    # exist kept: the uneven-stage option only where it splits the layers (first and last one layer fewer than
-    # the middle), default expert-parallel sizes only where they divide dp x cp
+    # exist kept: the uneven-stage options only where they split the layers, default expert-parallel sizes
+    # only where they divide dp x cp
     shape = np.array(shapes, dtype=np.int64)
     axes = [np.arange(len(shapes)), np.array(mbs), np.array(space.interleave), np.array(space.sequence_parallel,
-            dtype=np.int64), np.array(space.shard_group), np.array(eps), np.arange(2)]
+            dtype=np.int64), np.array(space.shard_group), np.array(eps), np.arange(3)]
     grid = [a.reshape(-1) for a in np.meshgrid(*axes, indexing="ij")]
-    i, mb, v, sp, shard, ep, uneven = grid
+    i, mb, v, sp, shard, ep, option = grid
     tp, pp, cp, dp = (shape[i, k] for k in range(4))
-    splits = space.uneven_stages & (pp > 2) & ((n_layers + 2) % pp == 0) & ((n_layers + 2) // pp >= 2)
-    keep = (uneven == 0) | splits
+    first, last = _uneven_stages(pp, n_layers, option)
+    keep = (option == 0) | (space.uneven_stages & (first > 0))
     if not space.ep:  # given values meet the rules (and their count)
         keep &= (dp * cp) % ep == 0
-    stage = np.where(uneven == 1, (n_layers + 2) // pp - 1, 0)[keep]
     return _Rows(tp=tp[keep], pp=pp[keep], cp=cp[keep], dp=dp[keep], micro_batch=mb[keep], interleave=v[keep],
-                 sequence_parallel=sp[keep].astype(bool), first_stage_layers=stage, last_stage_layers=stage.copy(),
-                 shard_group=shard[keep], ep=ep[keep])
+                 sequence_parallel=sp[keep].astype(bool), first_stage_layers=first[keep],
+                 last_stage_layers=last[keep], shard_group=shard[keep], ep=ep[keep])
+
+
+def _uneven_stages(pp: np.ndarray, n_layers: int, option: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) stage layers of each stage option (0: none): 0 even stages; 1 the first and the last one
+    layer fewer than the middle ones (Llama 3), where that splits the layers; 2 where pp does not divide the
+    layers, middle stages of ceil(L/pp) and the rest split between the first and the last, the first taking
+    the odd layer (DeepSeek-V3's 3 + 14 x 4 + 2 on pp 16, Megatron-Bridge's 7 + 6 x 8 + 6 on pp 8) unless
+    option 1 gave the same."""
+    fewer = (n_layers + 2) // pp - 1
+    ok1 = (pp > 2) & ((n_layers + 2) % pp == 0) & (fewer >= 1)
+    middle = -(-n_layers // pp)
+    rest = n_layers - (pp - 2) * middle
+    first2, last2 = rest - rest // 2, rest // 2
+    ok2 = (pp > 2) & (n_layers % pp != 0) & (last2 >= 1) & (first2 <= middle) & ~(ok1 & (first2 == last2))
+    first = np.where(option == 1, np.where(ok1, fewer, 0), np.where(option == 2, np.where(ok2, first2, 0), 0))
+    last = np.where(option == 1, np.where(ok1, fewer, 0), np.where(option == 2, np.where(ok2, last2, 0), 0))
+    return first, last
 
 
 def _placement_table(rows: _Rows, space: SearchSpace) -> tuple[np.ndarray, dict[int, list[int]]]:
