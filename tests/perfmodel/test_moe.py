@@ -97,6 +97,9 @@ def test_expert_parallelism_shards_state_and_costs_all_to_all():
     imbalanced = evaluate(spec, workload, base.replace(ep=8, expert_imbalance=1.5), H100)
     assert imbalanced.step_s > eight.step_s
     assert imbalanced.breakdown["ep_comm"] == pytest.approx(1.5 * eight.breakdown["ep_comm"], rel=0.05)
+    # all-to-alls behind the MoE GEMMs: exposed only beyond them
+    hidden = evaluate(spec, workload, base.replace(ep=8, ep_overlap=True), H100)
+    assert hidden.breakdown["ep_comm"] < eight.breakdown["ep_comm"] and hidden.step_s < eight.step_s
     # a capacity-limited router drops what exceeds its capacity: the imbalance is bounded by it
     capped = evaluate(spec.replace(capacity_factor=1.25), workload, base.replace(ep=8, expert_imbalance=1.5), H100)
     assert eight.step_s < capped.step_s < imbalanced.step_s

@@ -129,23 +129,28 @@ def group_layout(plan: ParallelPlan, domain_size: int) -> dict[str, int]:
 
 
 def direction_span(ops: Sequence[Op], direction: str, system: SystemSpec, precision: str,
-                   layout: dict[str, int], overlap: bool) -> Span:
-    """Time of `ops` in one direction (forward or backward), with their TP/CP collectives. `precision` is the
-    activations'; an op flagged fp8 runs its GEMM at the fp8 rate."""
-    compute = tp = cp = ep = 0.0
+                   layout: dict[str, int], overlap: bool, ep_overlap: bool = False) -> Span:
+    """Time of `ops` in one direction (forward or backward), with their TP/CP/EP collectives. `precision` is the
+    activations'; an op flagged fp8 runs its GEMM at the fp8 rate. With `ep_overlap` the all-to-alls hide
+    behind the MoE blocks' GEMMs (`ParallelPlan.ep_overlap`)."""
+    compute = tp = cp = ep = window = 0.0
     for op in ops:
         cost = getattr(op, direction)
         timed = op_time(cost, op.kind, system.accelerator, "fp8" if op.fp8 else precision)
         compute += timed.total_s
+        if op.block == "moe" and op.kind == "matrix":
+            window += timed.compute_s
         for comm in cost.comms:
             seconds = collective_time(comm.kind, comm.bytes, comm.size, layout[comm.group], system.network)
             hidden = exposed(seconds, timed.compute_s, overlap and comm.overlappable)
             if comm.group == "cp":
                 cp += hidden
             elif comm.group == "ep":
-                ep += hidden
+                ep += seconds if ep_overlap else hidden
             else:
                 tp += hidden
+    if ep_overlap:
+        ep = max(0.0, ep - window)
     return Span(compute, tp, cp, ep)
 
 
@@ -183,7 +188,7 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
     backward = mode != "fwd"
 
     def span(ops: Sequence[Op], direction: str) -> Span:
-        return direction_span(ops, direction, system, act, layout, plan.tp_overlap)
+        return direction_span(ops, direction, system, act, layout, plan.tp_overlap, plan.ep_overlap)
 
     # a dense block and (Mixture-of-Experts models) a MoE block: forward, backward, recomputation
     layer, moe_layer = layer_kinds(spec, g)

@@ -113,7 +113,8 @@ def _modern(row: dict[str, str], name: str) -> PublishedRun:
                         sequence_parallel=row["sequence_parallel"] == "yes",
                         first_stage_layers=int(row["first_stage_layers"]),
                         last_stage_layers=int(row["last_stage_layers"]), fp8_recipe=row["fp8_recipe"] or "delayed",
-                        tp_overlap=row["tp_overlap"] == "yes", ep=int(row.get("ep") or 1))
+                        tp_overlap=row["tp_overlap"] == "yes", ep=int(row.get("ep") or 1),
+                        ep_overlap=row.get("ep_overlap") == "yes")
     gpus, metric, value = int(row["gpus"]), row["metric"], float(row["value"])
     convention = row["flops_convention"]
     flops = run_flops(model, workload, convention)

@@ -37,7 +37,7 @@ _MAX_TABLES = 32
 
 def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int, ...]) -> tuple[float, ...]:
     """One MoE block's terms: the reference's ops and timing."""
-    act_bytes, precision, fp8_recipe, dropout, overlap, imbalance = settings
+    act_bytes, precision, fp8_recipe, dropout, overlap, imbalance, ep_overlap = settings
     tokens, t, ep, g_tp, g_ep, sp = key
     # a MoE block sees a micro-batch only through its tokens per GPU, b·s/cp (an integer: cp splits s evenly)
     g = Geometry(tokens, 1, act_bytes, t, 1, bool(sp), True, dropout, fp8_recipe, ep, imbalance)
@@ -46,13 +46,21 @@ def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int,
     ops = moe_block(spec, g)
     for direction in ("forward", "backward"):
         short = "fwd" if direction == "forward" else "bwd"
+        window = 0.0
         for op in ops:
             cost = getattr(op, direction)
             timed = op_time(cost, op.kind, system.accelerator, "fp8" if op.fp8 else precision)
             out[short] += timed.total_s
+            if op.kind == "matrix":
+                window += timed.compute_s
             for comm in cost.comms:
                 seconds = collective_time(comm.kind, comm.bytes, comm.size, layout[comm.group], system.network)
-                out[f"{comm.group}_{short}"] += exposed(seconds, timed.compute_s, overlap and comm.overlappable)
+                if comm.group == "ep" and ep_overlap:
+                    out[f"ep_{short}"] += seconds
+                else:
+                    out[f"{comm.group}_{short}"] += exposed(seconds, timed.compute_s, overlap and comm.overlappable)
+        if ep_overlap:  # evaluate.direction_span: the all-to-alls behind the block's GEMMs
+            out[f"ep_{short}"] = max(0.0, out[f"ep_{short}"] - window)
     split = ep > 1
     out["params"] = sum(op.params for op in ops if not (split and op.expert))
     out["expert_params"] = sum(op.params for op in ops if split and op.expert)
@@ -66,8 +74,8 @@ def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int,
 def moe_block_terms(spec: ModelSpec, system: SystemSpec, settings: tuple, tokens: np.ndarray, tp: np.ndarray,
                     ep: np.ndarray, g_tp: np.ndarray, g_ep: np.ndarray, sp: np.ndarray) -> dict[str, np.ndarray]:
     """`FIELDS` as arrays, one element per plan of `tokens` (b·s/cp) per GPU. `settings`: (activation bytes,
-    activation precision, fp8 recipe or None, dropout, tp_overlap, expert_imbalance), what every plan of the
-    call shares."""
+    activation precision, fp8 recipe or None, dropout, tp_overlap, expert_imbalance, ep_overlap), what every
+    plan of the call shares."""
     cache_key = (id(spec), id(system), settings)
     if cache_key not in _TABLES:
         if len(_TABLES) >= _MAX_TABLES:

@@ -82,6 +82,10 @@ class ParallelPlan:
     expert_imbalance: float = 1.0
     """Load imbalance of the routed experts: tokens of the busiest EP rank / the mean (1.0: perfectly balanced,
     what an auxiliary-loss or bias-balanced router approaches); scales that rank's expert GEMMs and all-to-all."""
+    ep_overlap: bool = False
+    """The dispatch and combine all-to-alls hide behind the MoE block's GEMMs of the same direction (only what
+    exceeds them shows), as schedules that run one micro-batch's all-to-all during another's computation do
+    (DeepSeek-V3's DualPipe, Megatron-Core's --overlap-moe-expert-parallel-comm); False: exposed."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "interleave", "micro_batch", "ep"):
@@ -173,7 +177,8 @@ class ParallelPlan:
                   f"last{self.last_stage_layers}" if self.last_stage_layers else "",
                   f"recompute {self.recompute}" if self.recompute != "none" else "",
                   f"v{self.interleave}" if self.interleave > 1 else "", "" if self.flash_attention else "no-flash",
-                  f"imbalance{self.expert_imbalance:g}" if self.expert_imbalance != 1.0 else ""]
+                  f"imbalance{self.expert_imbalance:g}" if self.expert_imbalance != 1.0 else "",
+                  "ep-overlap" if self.ep_overlap else ""]
         ep = f"ep{self.ep} " if self.ep > 1 else ""
         return (f"dp{self.dp} tp{self.tp} pp{self.pp} cp{self.cp} {ep}mb{self.micro_batch} "
                 + " ".join(e for e in extras if e)).strip()

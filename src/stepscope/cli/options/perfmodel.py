@@ -51,6 +51,8 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--fp32-grads", action="store_true", help="gradients accumulated and reduced in fp32")
     group.add_argument("--no-dp-overlap", action="store_true", help="gradient reduction after backward, not during")
     group.add_argument("--tp-overlap", action="store_true", help="TP/CP collectives overlap their GEMMs")
+    group.add_argument("--ep-overlap", action="store_true",
+                       help="MoE all-to-alls hide behind the MoE blocks' GEMMs (DualPipe-like schedules)")
 
 
 def training_from_args(args: argparse.Namespace) -> ModelledWorkload:
@@ -64,7 +66,7 @@ def training_from_args(args: argparse.Namespace) -> ModelledWorkload:
 def switches_from_args(args: argparse.Namespace) -> dict[str, bool]:
     """The execution switches (`add_training_options`) as `ParallelPlan` / `SearchSpace` fields."""
     return {"dropout": args.dropout, "fp32_grads": args.fp32_grads, "dp_overlap": not args.no_dp_overlap,
-            "tp_overlap": args.tp_overlap}
+            "tp_overlap": args.tp_overlap, "ep_overlap": args.ep_overlap}
 
 
 def add_plan_options(parser: argparse.ArgumentParser) -> None:
