@@ -72,8 +72,8 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
 
     def stage(extra_f, extra_b, dense, experts):
         if not moe:
-            return ((lf[0] * dense + extra_f[0], lf[1] * dense + extra_f[1], lf[2] * dense, zero_s),
-                    (lb[0] * dense + extra_b[0], lb[1] * dense + extra_b[1], lb[2] * dense, zero_s))
+            return ((lf[0] * dense + extra_f[0], lf[1] * dense + extra_f[1], lf[2] * dense),
+                    (lb[0] * dense + extra_b[0], lb[1] * dense + extra_b[1], lb[2] * dense))
         return ((lf[0] * dense + mf[0] * experts + extra_f[0], lf[1] * dense + mf[1] * experts + extra_f[1],
                  lf[2] * dense + mf[2] * experts, mf[3] * experts),
                 (lb[0] * dense + mb[0] * experts + extra_b[0], lb[1] * dense + mb[1] * experts + extra_b[1],
@@ -91,11 +91,17 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     totals = [sum(f) + sum(b) for f, b in staged]
     totals[1] = np.where(T["has_middle"], totals[1], -np.inf)
     pace = np.where(single, 0, np.argmax(np.stack(np.broadcast_arrays(*totals)), axis=0))
+    parts = 4 if moe else 3  # (compute, tp, cp[, ep])
     sf = [np.where(single, one[0][i], np.choose(pace, [np.broadcast_to(s[0][i], pace.shape) for s in staged]))
-          for i in range(4)]
+          for i in range(parts)]
     sb = [np.where(single, one[1][i], np.choose(pace, [np.broadcast_to(s[1][i], pace.shape) for s in staged]))
-          for i in range(4)]
-    stage_fwd, stage_bwd = sf[0] + sf[1] + sf[2] + sf[3], sb[0] + sb[1] + sb[2] + sb[3]
+          for i in range(parts)]
+    stage_fwd, stage_bwd = sf[0] + sf[1] + sf[2], sb[0] + sb[1] + sb[2]
+    if moe:
+        stage_fwd, stage_bwd = stage_fwd + sf[3], stage_bwd + sb[3]
+    else:  # a dense model exchanges no tokens
+        sf.append(zero_s)
+        sb.append(zero_s)
 
     def at_pace(one_value, values):
         return np.where(single, one_value, np.choose(pace, np.broadcast_arrays(*values, pace)[:3]))
