@@ -176,12 +176,12 @@ def _memory(workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, 
     w = np.where((zero >= 3) & ~keeps, e / n_shard, float(e))
     g = np.where(zero >= 2, gb / n_shard, float(gb))
     o = np.where(zero >= 1, optimizer_bytes / n_shard, optimizer_bytes)
-    # expert weights (ep > 1): state sharded over the dp x cp / ep ranks holding the same experts
-    n_edp = T["edp"]
-    we = np.where((zero >= 3) & ~keeps, e / n_edp, float(e))
-    ge = np.where(zero >= 2, gb / n_edp, float(gb))
-    oe = np.where(zero >= 1, optimizer_bytes / n_edp, optimizer_bytes)
     moe = "moe_fwd" in T
+    if moe:  # expert weights (ep > 1): state sharded over the dp x cp / ep ranks holding the same experts
+        n_edp = T["edp"]
+        we = np.where((zero >= 3) & ~keeps, e / n_edp, float(e))
+        ge = np.where(zero >= 2, gb / n_edp, float(gb))
+        oe = np.where(zero >= 1, optimizer_bytes / n_edp, optimizer_bytes)
 
     def per_layer_of(prefix: str) -> np.ndarray:
         return np.where(rec == 2, T["act_full"], np.where(rec == 1, T[f"{prefix}act_selective"],
@@ -194,7 +194,6 @@ def _memory(workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, 
     working = np.where(rec == 2, full_working, 0.0) + np.where((zero >= 3) & ~keeps, 2 * largest_layer * e, 0.0)
     head_act = T["head_act"]
     per_param = w + g + o
-    per_expert = we + ge + oe
 
     def acts(dense, experts, held):
         return (per_layer * dense + per_moe * experts) * held if moe else per_layer * dense * held
@@ -205,15 +204,19 @@ def _memory(workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, 
                + working),
               (T["mid_params"], T["mid_experts"], acts(T["mid_dense"], T["mid_moe"], T["held_mid"]) + working),
               (T["last_params"], T["last_experts"], acts(T["last_dense"], T["last_moe"], 1.0) + working + head_act)]
-    totals = [p * per_param + x * per_expert + a for p, x, a in stages]
+    totals = ([p * per_param + x * (we + ge + oe) + a for p, x, a in stages] if moe
+              else [p * per_param + a for p, _, a in stages])
     totals[1] = np.where(T["has_middle"], totals[1], -np.inf)
     fullest = np.argmax(np.stack(np.broadcast_arrays(*totals)), axis=0)
 
     def pick(i: int) -> np.ndarray:
         return np.where(single, one[i], np.choose(fullest, [np.broadcast_to(s[i], fullest.shape) for s in stages]))
 
-    params, experts, activations = pick(0), pick(1), pick(2)
-    weights, grads, optimizer = params * w + experts * we, params * g + experts * ge, params * o + experts * oe
+    params, activations = pick(0), pick(2)
+    weights, grads, optimizer = params * w, params * g, params * o
+    if moe:
+        experts = pick(1)
+        weights, grads, optimizer = weights + experts * we, grads + experts * ge, optimizer + experts * oe
     if workload.mode != "train":
         optimizer = np.zeros(optimizer.shape)
         if workload.mode == "fwd":
