@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepscope.perfmodel.ops import Geometry, Op, activation_precision, embedding_ops, head_ops, layer_ops
+from stepscope.perfmodel.ops_moe import moe_layer_ops
 from stepscope.perfmodel.stages import Stage, pipeline_stages
 from stepscope.spec import ModelSpec, bytes_per_element
 from stepscope.spec.plan import ParallelPlan
@@ -100,8 +101,6 @@ class Memory:
 
 def layer_kinds(spec: ModelSpec, g: Geometry) -> tuple[list[Op], list[Op]]:
     """The ops of one dense block and of one Mixture-of-Experts block (empty for a dense model)."""
-    from stepscope.perfmodel.ops_moe import moe_layer_ops
-
     return layer_ops(spec, g), (moe_layer_ops(spec, g) if spec.is_moe else [])
 
 
