@@ -22,6 +22,19 @@ def test_predict_prints_totals_breakdown_and_per_layer_table(cli, tmp_path):
     assert 0 < record["metrics"]["mfu_pct"] < record["metrics"]["hfu_pct"] < 100
 
 
+def test_predict_and_plan_a_mixture_of_experts_model(cli, tmp_path):
+    code, out, err = cli("predict", "--model", "mixtral-8x7b", "--system", "H100-SXM", "--gpus", "64", "--pp", "4",
+                         "--ep", "8", "--seq", "4096", "--global-batch", "256", "--per-layer", "--out", tmp_path)
+    assert code == 0, err
+    for text in ("ep_comm", "router", "dispatch", "expert_up", "combine", "A2A ep8", "moe x8"):
+        assert text in out
+    code, out, err = cli("plan", "--model", "tiny-moe", "--system", "H100-SXM", "--gpus", "16", "--seq", "128",
+                         "--global-batch", "64", "--ep", "2,4", "--top", "3", "--out", tmp_path)
+    assert code == 0, err
+    plans = [r["config"]["plan"] for r in read_records(tmp_path / "plan.jsonl")]
+    assert plans and all(p["ep"] in (2, 4) for p in plans) and ("ep2 " in out or "ep4 " in out)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model", "llama3-8b", "--tp", "3"], "tp=3 does not divide n_heads=32"),
     (["--system", "H900"], "unknown system 'H900'"),
@@ -33,6 +46,9 @@ def test_predict_prints_totals_breakdown_and_per_layer_table(cli, tmp_path):
     (["--buckets", "magic"], "invalid choice 'magic'"),
     (["--seq", "4096"], "exceeds the model's context_length"),
     (["--precision", "fp16", "--system", "CPU-fp16-less"], "no such system file"),
+    (["--model", "llama3-8b", "--gpus", "8", "--ep", "2"], "ep=2 needs a Mixture-of-Experts model"),
+    (["--model", "mixtral-8x7b", "--gpus", "8", "--ep", "3"], "ep=3 does not divide n_experts=8"),
+    (["--model", "mixtral-8x7b", "--expert-imbalance", "0.5"], "expert_imbalance must be at least 1"),
 ])
 def test_predict_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
     argv = [a.replace("CPU-fp16-less", str(tmp_path / "missing.toml")) for a in args]

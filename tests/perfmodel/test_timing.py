@@ -163,8 +163,10 @@ def test_placement_decides_which_tier_a_group_uses():
     workload = Workload(batch=64, seq=2048, precision="bf16", mode="fwd-bwd")
     inner = ParallelPlan(dp=8, tp=8, micro_batch=1, recompute="full", placement=("tp", "cp", "dp", "pp"))
     outer = inner.replace(placement=("dp", "cp", "tp", "pp"))
-    assert group_layout(inner, 8) == {"tp": 8, "cp": 1, "dp": 1, "pp": 1, "dp_cp": 1, "shard": 1, "replica": 1}
-    assert group_layout(outer, 8) == {"tp": 1, "cp": 1, "dp": 8, "pp": 1, "dp_cp": 8, "shard": 8, "replica": 1}
+    assert group_layout(inner, 8) == {"tp": 8, "cp": 1, "dp": 1, "pp": 1, "dp_cp": 1, "shard": 1, "replica": 1,
+                                       "ep": 1, "edp": 1}
+    assert group_layout(outer, 8) == {"tp": 1, "cp": 1, "dp": 8, "pp": 1, "dp_cp": 8, "shard": 8, "replica": 1,
+                                      "ep": 1, "edp": 8}
     nvlink, nic = (evaluate(spec, workload, plan, system).breakdown for plan in (inner, outer))
     # the same TP traffic on the NICs instead of NVLink: slower by about the bandwidth ratio (300 vs 25 GB/s)
     assert 8 < nic["tp_comm"] / nvlink["tp_comm"] < 12 and nic["dp_comm"] < nvlink["dp_comm"]

@@ -20,6 +20,11 @@ CASES = [  # (model, system, seq, global batch, precision, mode)
     ("gpt2", "B200", 1024, 32, "fp32", "fwd"),
     ("llama3-405b", "H100-SXM", 8192, 256, "fp8", "train"),
     ("gpt3-175b", "H200", 2048, 512, "fp8", "fwd-bwd"),
+    # Mixture-of-Experts: expert parallelism, leading dense blocks, shared experts, head_dim != d_model / n_heads
+    ("mixtral-8x7b", "H100-SXM", 4096, 256, "bf16", "train"),
+    ("deepseek-v3-gqa", "H100-SXM", 4096, 512, "fp8", "train"),
+    ("qwen3-30b-a3b", "H200", 4096, 128, "bf16", "fwd-bwd"),
+    ("tiny-moe", "CPU", 128, 16, "fp32", "fwd"),
 ]
 
 
@@ -37,9 +42,11 @@ def random_plan(rng: random.Random, spec, batch: int, seq: int, switches: dict) 
     else:
         stages = (0, 0)
     shard = rng.choice([0, 0, 1, 2, 4])
-    plan = ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=rng.choice(divisors),
+    ep = rng.choice([1, 2, 4, 8]) if spec.is_moe else 1
+    plan = ParallelPlan(ep=ep, dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=rng.choice(divisors),
                         interleave=rng.choice([1, 1, 2, 3, 4]), zero=rng.randrange(4),
-                        recompute=rng.choice(RECOMPUTE), sequence_parallel=tp > 1 and rng.random() < 0.5,
+                        recompute=rng.choice(RECOMPUTE),
+                        sequence_parallel=tp > 1 and (spec.is_moe or rng.random() < 0.5),
                         flash_attention=rng.random() < 0.5, placement=rng.choice(PLACEMENTS),
                         first_stage_layers=stages[0], last_stage_layers=stages[1], shard_group=shard, **switches)
     try:
@@ -58,9 +65,10 @@ def test_vectorized_equals_scalar_on_random_plans(case):
                       "reshard_after_forward": False, "fp8_recipe": "current"},
                      {"dropout": False, "fp32_grads": False, "dp_overlap": True, "tp_overlap": True},
                      {"dropout": True, "fp32_grads": False, "dp_overlap": True, "tp_overlap": True,
-                      "reshard_after_forward": False, "fp8_recipe": "blockwise"}):
+                      "reshard_after_forward": False, "fp8_recipe": "blockwise", "expert_imbalance": 1.3,
+                      "ep_overlap": True}):
         plans = []
-        while len(plans) < 40:
+        while len(plans) < (20 if spec.is_moe else 40):  # a MoE reference evaluation costs more
             plan = random_plan(rng, spec, batch, seq, switches)
             if plan is not None:
                 plans.append(plan)

@@ -10,7 +10,7 @@ from stepscope.spec import get_preset
 from stepscope.spec.plan import CONSTRAINTS, Facts, ParallelPlan
 from stepscope.spec.system import list_systems, load_system, parse_system_toml, system_to_toml
 
-PRESETS = ["A100-80GB", "H100-SXM", "H200", "B200", "MI300X", "CPU"]
+PRESETS = ["A100-80GB", "H100-SXM", "H800", "H200", "B200", "MI300X", "CPU"]
 
 
 def test_every_preset_loads_and_round_trips_through_toml():
@@ -101,8 +101,9 @@ def test_plan_fields_gpus_and_strides():
     assert (plan.stride("tp"), plan.stride("dp"), plan.stride("pp")) == (1, 8, 32)
 
 
-def test_rules_work_element_wise_on_arrays_like_on_one_plan():
-    spec = get_preset("gpt3-175b")
+@pytest.mark.parametrize("model", ["gpt3-175b", "mixtral-8x7b"])
+def test_rules_work_element_wise_on_arrays_like_on_one_plan(model):
+    spec = get_preset(model)
     facts = Facts.of(spec, 1536, 2048)
     rng = np.random.default_rng(0)
     n = 300
@@ -112,7 +113,7 @@ def test_rules_work_element_wise_on_arrays_like_on_one_plan():
               "sequence_parallel": rng.random(n) < 0.5,
               # uneven stages (0: even) and shard groups, valid and not
               "first_stage_layers": rng.choice([0, 0, 1, 11, 12], n), "last_stage_layers": rng.choice([0, 0, 1, 12], n),
-              "shard_group": rng.choice([0, 0, 1, 2, 4], n)}
+              "shard_group": rng.choice([0, 0, 1, 2, 4], n), "ep": rng.choice([1, 1, 2, 3, 4, 8], n)}
 
     class Rows:
         pass

@@ -56,6 +56,10 @@ class Candidates:
     """Layers of the last pipeline stage (0: even split; None: all even)."""
     shard_group: np.ndarray | None = None
     """ZeRO/FSDP shard group size (0: all dp x cp ranks; None: all 0)."""
+    ep: np.ndarray | None = None
+    """Expert-parallel group size (None: all 1)."""
+    expert_imbalance: float = 1.0
+    ep_overlap: bool = False
     reshard_after_forward: bool = True
     fp8_recipe: str = "delayed"
     dropout: bool = False
@@ -69,6 +73,8 @@ class Candidates:
         for name in ("first_stage_layers", "last_stage_layers", "shard_group"):
             if getattr(self, name) is None:
                 setattr(self, name, np.zeros(len(self.dp), dtype=np.int64))
+        if self.ep is None:
+            self.ep = np.ones(len(self.dp), dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.dp)
@@ -107,7 +113,8 @@ class Candidates:
                             tp_overlap=self.tp_overlap, placement=PLACEMENTS[int(self.placement[i])],
                             first_stage_layers=int(self.first_stage_layers[i]),
                             last_stage_layers=int(self.last_stage_layers[i]), shard_group=int(self.shard_group[i]),
-                            reshard_after_forward=self.reshard_after_forward, fp8_recipe=self.fp8_recipe)
+                            reshard_after_forward=self.reshard_after_forward, fp8_recipe=self.fp8_recipe,
+                            ep=int(self.ep[i]), expert_imbalance=self.expert_imbalance, ep_overlap=self.ep_overlap)
 
     @classmethod
     def from_plans(cls, plans: Sequence[ParallelPlan]) -> Candidates:
@@ -116,11 +123,12 @@ class Candidates:
         first = plans[0]
 
         def switches(p: ParallelPlan) -> tuple:
-            return p.dropout, p.fp32_grads, p.dp_overlap, p.tp_overlap, p.reshard_after_forward, p.fp8_recipe
+            return (p.dropout, p.fp32_grads, p.dp_overlap, p.tp_overlap, p.reshard_after_forward, p.fp8_recipe,
+                    p.expert_imbalance, p.ep_overlap)
 
         if any(switches(plan) != switches(first) for plan in plans):
-            raise ValueError("plans must share dropout, fp32_grads, dp_overlap, tp_overlap, reshard_after_forward "
-                             "and fp8_recipe")
+            raise ValueError("plans must share dropout, fp32_grads, dp_overlap, tp_overlap, reshard_after_forward, "
+                             "fp8_recipe, expert_imbalance and ep_overlap")
 
         def ints(get) -> np.ndarray:
             return np.array([get(p) for p in plans], dtype=np.int64)
@@ -133,6 +141,7 @@ class Candidates:
                    placement=ints(lambda p: _PLACEMENT_INDEX[tuple(p.placement)]),
                    first_stage_layers=ints(lambda p: p.first_stage_layers),
                    last_stage_layers=ints(lambda p: p.last_stage_layers), shard_group=ints(lambda p: p.shard_group),
+                   ep=ints(lambda p: p.ep), expert_imbalance=first.expert_imbalance, ep_overlap=first.ep_overlap,
                    reshard_after_forward=first.reshard_after_forward, fp8_recipe=first.fp8_recipe,
                    dropout=first.dropout, fp32_grads=first.fp32_grads, dp_overlap=first.dp_overlap,
                    tp_overlap=first.tp_overlap)

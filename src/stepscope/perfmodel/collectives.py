@@ -9,6 +9,10 @@ the intra-domain part on NVLink and the inter-domain part on each GPU's own NIC 
   the group uses; the model takes the faster of ring and tree;
 - reduce-scatter / all-gather (S = the total, gathered size): (g−1)/g·S/B_intra + (g−1)·α_intra
   + (N−1)/N·(S/g)/B_inter + (N−1)·α_inter;
+- all-to-all (S = one rank's send buffer, nccl-tests' size; each peer gets S/n): the (g−1)/n·S bound for
+  its own domain go over NVLink, the (n−g)/n·S for the others over its NIC, one after the other:
+  (g−1)/n·S/B_intra + α_intra + (n−g)/n·S/B_inter + α_inter (a tier's α only where the group uses it); in
+  one domain this is nccl-tests' (n−1)/n bus-bandwidth factor;
 - point-to-point: α + S/B on the tier joining the two ranks.
 B = tier bandwidth x tier efficiency (per GPU, unidirectional), α = tier latency.
 """
@@ -19,7 +23,7 @@ import math
 
 from stepscope.spec.system import Network
 
-KINDS = ("all-reduce", "reduce-scatter", "all-gather", "p2p")
+KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "p2p")
 
 
 def members_per_domain(size: int, stride: int, domain_size: int) -> int:
@@ -71,6 +75,15 @@ def reduce_scatter(nbytes: float, n: int, g: int, network: Network) -> float:
 all_gather = reduce_scatter
 
 
+def all_to_all(nbytes: float, n: int, g: int, network: Network) -> float:
+    """Seconds for an all-to-all in which every rank sends a `nbytes` buffer split evenly over the n ranks."""
+    if n <= 1:
+        return 0.0
+    intra, inter = network.intra, network.inter
+    t = (g - 1) / n * nbytes / intra.bytes_per_s + (intra.latency_s if g > 1 else 0.0)
+    return t + ((n - g) / n * nbytes / inter.bytes_per_s + inter.latency_s if n > g else 0.0)
+
+
 def p2p(nbytes: float, same_domain: bool, network: Network) -> float:
     """Seconds to send `nbytes` from one rank to another."""
     tier = network.intra if same_domain else network.inter
@@ -83,6 +96,8 @@ def collective_time(kind: str, nbytes: float, n: int, g: int, network: Network) 
         return all_reduce(nbytes, n, g, network)
     if kind in ("reduce-scatter", "all-gather"):
         return reduce_scatter(nbytes, n, g, network)
+    if kind == "all-to-all":
+        return all_to_all(nbytes, n, g, network)
     if kind == "p2p":
         return p2p(nbytes, g >= 2, network)
     raise ValueError(f"unknown collective {kind!r}")

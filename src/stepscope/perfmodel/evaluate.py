@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepscope.perfmodel.collectives import collective_time, members_per_domain, p2p
-from stepscope.perfmodel.memory import GiB, Memory, grad_bytes, memory, stage_params
-from stepscope.perfmodel.ops import Geometry, Op, activation_precision, embedding_ops, head_ops, layer_ops
-from stepscope.perfmodel.stages import pipeline_stages
+from stepscope.perfmodel.memory import GiB, Memory, grad_bytes, layer_kinds, memory, stage_params
+from stepscope.perfmodel.ops import Geometry, Op, activation_precision, embedding_ops, head_ops
+from stepscope.perfmodel.stages import Stage, pipeline_stages
 from stepscope.perfmodel.timing import (
     DEFAULT_BUCKET_MIB,
     bubble,
@@ -35,21 +35,24 @@ from stepscope.spec.system import SystemSpec
 
 @dataclass(frozen=True)
 class Span:
-    """Seconds of one stretch of work: op time, exposed tensor-parallel and context-parallel collectives."""
+    """Seconds of one stretch of work: op time, exposed tensor-parallel, context-parallel and expert-parallel
+    (all-to-all) collectives."""
 
     compute_s: float = 0.0
     tp_s: float = 0.0
     cp_s: float = 0.0
+    ep_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.tp_s + self.cp_s
+        return self.compute_s + self.tp_s + self.cp_s + self.ep_s
 
     def __add__(self, other: Span) -> Span:
-        return Span(self.compute_s + other.compute_s, self.tp_s + other.tp_s, self.cp_s + other.cp_s)
+        return Span(self.compute_s + other.compute_s, self.tp_s + other.tp_s, self.cp_s + other.cp_s,
+                    self.ep_s + other.ep_s)
 
     def __mul__(self, factor: float) -> Span:
-        return Span(self.compute_s * factor, self.tp_s * factor, self.cp_s * factor)
+        return Span(self.compute_s * factor, self.tp_s * factor, self.cp_s * factor, self.ep_s * factor)
 
 
 @dataclass(frozen=True)
@@ -106,45 +109,62 @@ def geometry(plan: ParallelPlan, workload: Workload) -> Geometry:
     """One micro-batch on one GPU of `plan`."""
     fp8 = plan.fp8_recipe if workload.precision == "fp8" else None
     return Geometry(plan.micro_batch, workload.seq, bytes_per_element(activation_precision(workload.precision)),
-                    plan.tp, plan.cp, plan.sequence_parallel, plan.flash_attention, plan.dropout, fp8)
+                    plan.tp, plan.cp, plan.sequence_parallel, plan.flash_attention, plan.dropout, fp8, plan.ep,
+                    plan.expert_imbalance)
 
 
 def group_layout(plan: ParallelPlan, domain_size: int) -> dict[str, int]:
     """Members of each dimension's group inside one fast domain, from the plan's placement, of the
     gradient-reduction group `dp_cp` (dp x cp ranks: the product of the two, exact for power-of-two sizes), and
     of the ZeRO/FSDP shard group (`shard`, the innermost `plan.shard` of them) and its replica group
-    (`replica`, one rank of every shard group)."""
+    (`replica`, one rank of every shard group); of the expert-parallel group (`ep`, the innermost `plan.ep` of
+    the dp x cp ranks) and the expert-data-parallel group (`edp`, one rank of every EP group)."""
     layout = {dim: members_per_domain(plan.size(dim), plan.stride(dim), domain_size) for dim in DIMENSIONS}
     layout["dp_cp"] = layout["dp"] * layout["cp"]
     layout["shard"] = min(plan.shard, layout["dp_cp"])
     layout["replica"] = max(1, layout["dp_cp"] // plan.shard)
+    layout["ep"] = min(plan.ep, layout["dp_cp"])
+    layout["edp"] = max(1, layout["dp_cp"] // plan.ep)
     return layout
 
 
 def direction_span(ops: Sequence[Op], direction: str, system: SystemSpec, precision: str,
-                   layout: dict[str, int], overlap: bool) -> Span:
-    """Time of `ops` in one direction (forward or backward), with their TP/CP collectives. `precision` is the
-    activations'; an op flagged fp8 runs its GEMM at the fp8 rate."""
-    compute = tp = cp = 0.0
+                   layout: dict[str, int], overlap: bool, ep_overlap: bool = False) -> Span:
+    """Time of `ops` in one direction (forward or backward), with their TP/CP/EP collectives. `precision` is the
+    activations'; an op flagged fp8 runs its GEMM at the fp8 rate. With `ep_overlap` the all-to-alls hide
+    behind the MoE blocks' GEMMs (`ParallelPlan.ep_overlap`)."""
+    compute = tp = cp = ep = window = 0.0
     for op in ops:
         cost = getattr(op, direction)
         timed = op_time(cost, op.kind, system.accelerator, "fp8" if op.fp8 else precision)
         compute += timed.total_s
+        if op.block == "moe" and op.kind == "matrix":
+            window += timed.compute_s
         for comm in cost.comms:
             seconds = collective_time(comm.kind, comm.bytes, comm.size, layout[comm.group], system.network)
             hidden = exposed(seconds, timed.compute_s, overlap and comm.overlappable)
             if comm.group == "cp":
                 cp += hidden
+            elif comm.group == "ep":
+                ep += seconds if ep_overlap else hidden
             else:
                 tp += hidden
-    return Span(compute, tp, cp)
+    if ep_overlap:
+        ep = max(0.0, ep - window)
+    return Span(compute, tp, cp, ep)
 
 
-def param_tensors(spec: ModelSpec, layers: int, embedding: bool, head: bool) -> int:
-    """Number of parameter tensors on a stage (the optimizer launches about one pass per tensor)."""
+def param_tensors(spec: ModelSpec, layers: int, embedding: bool, head: bool, moe_layers: int = 0) -> int:
+    """Number of parameter tensors on a stage of `layers` dense and `moe_layers` MoE blocks (the optimizer
+    launches about one pass per tensor; the local experts' weights as two grouped tensors, as Megatron-Core's
+    GroupedMLP holds them)."""
     norm = 2 if spec.norm == "layer" else 1
-    per_layer = 2 * norm + 2 * (2 if spec.attn_bias else 1) + 2 * (2 if spec.mlp_bias else 1)
+    attention = 2 * (2 if spec.attn_bias else 1)
+    mlp = 2 * (2 if spec.mlp_bias else 1)
+    per_layer = 2 * norm + attention + mlp
     count = layers * per_layer
+    if moe_layers:
+        count += moe_layers * (2 * norm + attention + 1 + mlp + (mlp if spec.n_shared_experts else 0))
     if embedding:
         count += 1 + (spec.positions == "learned")
     if head:
@@ -168,29 +188,32 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
     backward = mode != "fwd"
 
     def span(ops: Sequence[Op], direction: str) -> Span:
-        return direction_span(ops, direction, system, act, layout, plan.tp_overlap)
+        return direction_span(ops, direction, system, act, layout, plan.tp_overlap, plan.ep_overlap)
 
-    layer = layer_ops(spec, g)
-    layer_fwd = span(layer, "forward")
-    layer_bwd = span(layer, "backward") if backward else Span()
-    recomputed = {"full": layer, "selective": [op for op in layer if op.selective], "none": []}[plan.recompute]
-    layer_rec = span(recomputed, "forward") if backward else Span()
+    # a dense block and (Mixture-of-Experts models) a MoE block: forward, backward, recomputation
+    layer, moe_layer = layer_kinds(spec, g)
+    kinds = []
+    for ops in (layer, moe_layer):
+        rec_ops = {"full": ops, "selective": [op for op in ops if op.selective], "none": []}[plan.recompute]
+        kinds.append((span(ops, "forward"), span(ops, "backward") if backward else Span(),
+                      span(rec_ops, "forward") if backward else Span(), rec_ops))
+    (layer_fwd, layer_bwd, layer_rec, recomputed), (moe_fwd, moe_bwd, moe_rec, moe_recomputed) = kinds
     emb, head = embedding_ops(spec, g), head_ops(spec, g)
     emb_fwd, head_fwd = span(emb, "forward"), span(head, "forward")
     emb_bwd, head_bwd = (span(emb, "backward"), span(head, "backward")) if backward else (Span(), Span())
 
     # the slowest stage sets the pace of the pipeline (first: embedding, last: logits and loss; uneven stages
     # give the first and last fewer layers to balance that)
-    stages = pipeline_stages(plan, spec.n_layers, m)
+    stages = pipeline_stages(plan, spec.n_layers, m, spec.dense_layers if spec.is_moe else None)
     timed = []
     for stage in stages:
-        fwd = layer_fwd * stage.layers + (emb_fwd if stage.embedding else Span()) + (
+        fwd = layer_fwd * stage.dense + moe_fwd * stage.moe + (emb_fwd if stage.embedding else Span()) + (
             head_fwd if stage.head else Span())
-        bwd = (layer_bwd + layer_rec) * stage.layers + (emb_bwd if stage.embedding else Span()) + (
-            head_bwd if stage.head else Span())
+        bwd = (layer_bwd + layer_rec) * stage.dense + (moe_bwd + moe_rec) * stage.moe + (
+            emb_bwd if stage.embedding else Span()) + (head_bwd if stage.head else Span())
         timed.append((fwd.total_s + bwd.total_s, fwd, bwd, stage))
     _, stage_fwd, stage_bwd, pace = max(timed, key=lambda entry: entry[0])
-    stage_rec = layer_rec * pace.layers
+    stage_rec = layer_rec * pace.dense + moe_rec * pace.moe
 
     # pipeline point-to-point: each micro-batch sends its activations forward and its gradient back,
     # once per virtual chunk; the slowest boundary sets the pace (inter-domain unless the pipeline fits)
@@ -202,9 +225,10 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
 
     # gradient reduction over the dp x cp ranks holding the same weights (context-parallel ranks see different
     # tokens of the same sequences), ZeRO parameter gathers; the stage with the most parameters sets the pace
-    layer_params, emb_params, head_params = stage_params(spec, g, plan.pp)
-    params, critical = max(((layer_params * st.layers + emb_params * st.embedding + head_params * st.head, st)
-                            for st in stages), key=lambda entry: entry[0])
+    # (expert weights, ep > 1: reduced over the dp x cp / ep ranks holding the same experts, launched first)
+    sizes = stage_params(spec, g, plan.pp)
+    params, experts, critical = max(((*sizes.of(st), st) for st in stages), key=lambda entry: entry[0] + entry[1])
+    n_edp = plan.expert_dp
     gb = grad_bytes(act, plan.fp32_grads)
     n_dp, shard, replicas = plan.dp_cp, plan.shard, plan.replicas
     reduce_s = gather_s = 0.0
@@ -214,6 +238,10 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
             times = [collective_time("all-reduce", b * gb, n_dp, layout["dp_cp"], network) for b in buckets]
         else:  # reduce-scatter within the shard group
             times = [collective_time("reduce-scatter", b * gb, shard, layout["shard"], network) for b in buckets]
+        if experts:
+            kind = "all-reduce" if plan.zero == 0 else "reduce-scatter"
+            times = [collective_time(kind, b * gb, n_edp, layout["edp"], network)
+                     for b in bucket_layout(experts, bucket_cap_MiB * 2**20 / gb)] + times
         # sharded gradients (ZeRO-2/3) have no full-size buffer to accumulate micro-batches into: they are
         # reduced after every micro-batch's backward, not once per step
         reductions = m if plan.zero >= 2 else 1
@@ -224,8 +252,18 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
             reduce_s += dp_exposed(shard_times, stage_bwd.total_s, plan.dp_overlap)
         # ZeRO-3 gathers the weights it computes with (fp8 where the recipe allows); ZeRO-1/2 the updated
         # 16-bit shards
-        gathered = gathered_bytes(layer_ops(spec, g), critical.layers, params, e, g) if plan.zero == 3 else params * e
+        if plan.zero == 3:
+            fp8_params = (sum(op.params for op in layer if op.fp8) * critical.dense
+                          + sum(op.params for op in moe_layer if op.fp8 and not (op.expert and plan.ep > 1))
+                          * critical.moe)
+            gathered = gathered_bytes(fp8_params, params, e, g)
+        else:
+            gathered = params * e
         weights_s = collective_time("all-gather", gathered, shard, layout["shard"], network)
+        if experts:  # the expert weights (fp8 as the others under ZeRO-3) are gathered over their own group
+            fp8_experts = plan.zero == 3 and g.fp8 and g.fp8_recipe != "blockwise"
+            weights_s += collective_time("all-gather", experts * (1 if fp8_experts else e), n_edp, layout["edp"],
+                                         network)
         first_bucket = collective_time("all-gather", min(1.0, buckets[0] / params) * gathered, shard,
                                        layout["shard"], network)
         if plan.zero == 3:  # weights gathered before every forward (and again for backward unless kept)
@@ -237,8 +275,8 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
 
     optimizer_s = 0.0
     if mode == "train":
-        local = params / shard if plan.zero >= 1 else params
-        tensors = param_tensors(spec, critical.layers, critical.embedding, critical.head)
+        local = params / shard + experts / n_edp if plan.zero >= 1 else params + experts
+        tensors = param_tensors(spec, critical.dense, critical.embedding, critical.head, critical.moe)
         optimizer_s = optimizer_time(local, tensors, act, gb, acc).total_s
 
     per_micro_batch = stage_fwd.total_s + stage_bwd.total_s + p2p_fwd + p2p_bwd
@@ -252,6 +290,7 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
                  "recompute": m * stage_rec.compute_s,
                  "tp_comm": m * (stage_fwd.tp_s + stage_bwd.tp_s),
                  "cp_comm": m * (stage_fwd.cp_s + stage_bwd.cp_s),
+                 "ep_comm": m * (stage_fwd.ep_s + stage_bwd.ep_s),
                  "pp_comm": m * (p2p_fwd + p2p_bwd),
                  "bubble": bubble_s,
                  "dp_comm": reduce_s + gather_s,
@@ -260,26 +299,27 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
     tokens = workload.batch * workload.seq
     model_flops = tokens * (spec.flops_per_token(workload.seq) if backward
                             else spec.forward_flops_per_token(workload.seq))
-    recompute_flops = (sum(op.forward.model_flops for op in recomputed) * spec.n_layers / plan.pp * m * plan.gpus
-                       if backward else 0.0)
+    n_dense = spec.n_layers - spec.moe_layers
+    recompute_flops = ((sum(op.forward.model_flops for op in recomputed) * n_dense
+                        + sum(op.forward.model_flops for op in moe_recomputed) * spec.moe_layers) / plan.pp * m
+                       * plan.gpus if backward else 0.0)
     mem = memory(spec, g, plan, precision, m, acc.capacity_bytes)
     if mode != "train":  # no optimizer exists; a forward-only pass keeps no activations nor gradients
         mem = Memory(mem.weights, mem.grads if backward else 0.0, 0.0,
-                     mem.activations if backward else _forward_working_set(layer), mem.capacity)
+                     mem.activations if backward else _forward_working_set(layer + moe_layer), mem.capacity)
     # MFU and HFU are against the 16-bit dense peak, fp8 runs included (the convention of published fp8 MFU)
     return Prediction(model=spec, workload=workload, plan=plan, system=system.name, micro_batches=m, phases=phases,
                       breakdown=breakdown, model_flops=model_flops, hardware_flops=model_flops + recompute_flops,
                       peak_flops=acc.matrix_peak(act), memory=mem,
-                      extras={"layout": layout, "params_per_gpu": params, "pace_stage": pace.name})
+                      extras={"layout": layout, "params_per_gpu": params + experts, "pace_stage": pace.name})
 
 
-def gathered_bytes(layer: Sequence[Op], layers: int, params: float, act_bytes: int, g: Geometry) -> float:
+def gathered_bytes(fp8_params: float, params: float, act_bytes: int, g: Geometry) -> float:
     """Bytes a ZeRO-3/FSDP all-gather of a stage's weights moves: fp8 GEMM weights in one byte where the
     recipe casts before gathering (delayed or current per-tensor scaling, as torchao's fp8 all-gather), the
     rest in the activations' precision."""
     if not g.fp8 or g.fp8_recipe == "blockwise":
         return params * act_bytes
-    fp8_params = sum(op.params for op in layer if op.fp8) * layers
     return fp8_params + (params - fp8_params) * act_bytes
 
 
@@ -289,22 +329,26 @@ def gradient_tensors(spec: ModelSpec, workload: Workload, plan: ParallelPlan) ->
     planner (`stepscope.spec.buckets.plan_buckets`) takes. One entry per op (its weight and bias)."""
     g = geometry(plan, workload)
     dtype = "fp32" if plan.fp32_grads or workload.precision == "fp32" else activation_precision(workload.precision)
-    first_layers, middle_layers, last_layers = plan.stage_layers(spec.n_layers)
+    dense_ops, moe_ops = layer_kinds(spec, g)
+    if plan.ep > 1:  # expert gradients go to their own (expert-data-parallel) reduction
+        moe_ops = [op for op in moe_ops if not op.expert]
 
     def entries(ops: Sequence[Op], prefix: str) -> list[tuple[str, int, str]]:
         return [(f"{prefix}{op.name}", round(op.params), dtype) for op in ops if op.params > 0]
 
-    def blocks(layers: int) -> list[tuple[str, int, str]]:
-        return [e for i in range(layers) for e in entries(layer_ops(spec, g), f"blocks.{i}.")]
+    def blocks(stage: Stage) -> list[tuple[str, int, str]]:
+        return [e for i in range(stage.layers)
+                for e in entries(dense_ops if i < stage.dense else moe_ops, f"blocks.{i}.")]
 
-    first = entries(embedding_ops(spec, g), "") + blocks(first_layers)
-    last = blocks(last_layers) + entries(head_ops(spec, g), "")
+    stages = pipeline_stages(plan, spec.n_layers, 1, spec.dense_layers if spec.is_moe else None)
+    first = entries(embedding_ops(spec, g), "") + blocks(stages[0])
     if plan.pp == 1:
         return first + entries(head_ops(spec, g), "")
+    last = blocks(stages[-1]) + entries(head_ops(spec, g), "")
     if spec.tie_embeddings:  # the last stage holds its own copy of a tied vocabulary projection
         last.append(("logits.tied_copy", round(spec.vocab_size * spec.d_model / plan.tp), dtype))
-    stages = [first, last] + ([blocks(middle_layers)] if plan.pp > 2 else [])
-    return max(stages, key=lambda stage: sum(n for _, n, _ in stage))
+    candidates = [first, last] + ([blocks(stages[1])] if plan.pp > 2 else [])
+    return max(candidates, key=lambda stage: sum(n for _, n, _ in stage))
 
 
 def _forward_working_set(layer: Sequence[Op]) -> float:

@@ -1,7 +1,9 @@
 """The per-layer table of `stepscope predict --per-layer`, in the layout of the LBNL notebook
 (Comprehensive Performance Modeling and System Design Insights for Foundation Models, 2024):
 one row per op of one transformer block on one GPU and micro-batch, then the attention and MLP blocks
-summed over the layers of a pipeline stage.
+summed over the layers of a pipeline stage. For a Mixture-of-Experts model the block shown is a MoE block
+(router, dispatch and combine all-to-alls, grouped expert GEMMs, shared experts) and the sums are `moe`
+instead of `mlp`.
 """
 
 from __future__ import annotations
@@ -9,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.perfmodel.collectives import collective_time
-from stepscope.perfmodel.evaluate import group_layout
-from stepscope.perfmodel.ops import Cost, Geometry, Op, layer_ops
+from stepscope.perfmodel.evaluate import geometry, group_layout
+from stepscope.perfmodel.memory import layer_kinds
+from stepscope.perfmodel.ops import Cost, Op, activation_precision
 from stepscope.perfmodel.timing import exposed, op_time
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
 from stepscope.spec.plan import ParallelPlan
@@ -19,7 +22,7 @@ from stepscope.spec.system import SystemSpec
 COLUMNS = ["layer", "flops_fwd_GFLOP", "act_mem_MiB", "wt_mem_MiB", "total_mem_fwd_MiB", "flops_bwd_GFLOP",
            "comm_fwd", "comm_bwd", "t_comp_ms", "t_mem_ms", "t_comm_ms", "intensity_FLOP_per_B", "t_total_ms",
            "comm_fraction"]
-_SHORT = {"all-reduce": "AR", "reduce-scatter": "RS", "all-gather": "AG", "p2p": "P2P"}
+_SHORT = {"all-reduce": "AR", "reduce-scatter": "RS", "all-gather": "AG", "all-to-all": "A2A", "p2p": "P2P"}
 MiB = 2.0**20
 
 
@@ -29,14 +32,14 @@ def _describe(cost: Cost) -> str:
 
 def per_layer_rows(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: SystemSpec) -> list[dict[str, Any]]:
     """Rows for every op of one layer, then `attention xL`, `mlp xL` and `layer xL` sums over a stage."""
-    e = bytes_per_element(workload.precision)
-    g = Geometry(plan.micro_batch, workload.seq, e, plan.tp, plan.cp, plan.sequence_parallel, plan.flash_attention,
-                 plan.dropout)
+    e = bytes_per_element(activation_precision(workload.precision))
+    g = geometry(plan, workload)
     layout = group_layout(plan, system.network.domain_size)
-    op_rows = [_row(op, workload, plan, system, layout, e) for op in layer_ops(spec, g)]
+    dense_ops, moe_ops = layer_kinds(spec, g)
+    op_rows = [_row(op, workload, plan, system, layout, e) for op in (moe_ops or dense_ops)]
     rows = list(op_rows)
     layers = spec.n_layers // plan.pp
-    for block in ("attention", "mlp", None):
+    for block in ("attention", "moe" if moe_ops else "mlp", None):
         members = [r for r in op_rows if block is None or r["_block"] == block]
         total = {c: sum(r[c] for r in members) * layers for c in COLUMNS
                  if c not in ("layer", "comm_fwd", "comm_bwd", "intensity_FLOP_per_B", "comm_fraction")}
@@ -52,7 +55,9 @@ def _row(op: Op, workload: Workload, plan: ParallelPlan, system: SystemSpec, lay
          e: int) -> dict[str, Any]:
     compute = memory = comm = total = 0.0
     for cost in (op.forward, op.backward):
-        timed = op_time(cost, op.kind, system.accelerator, workload.precision)
+        # as `evaluate.direction_span`: fp8 GEMMs at the fp8 rate, everything else in the activations' precision
+        timed = op_time(cost, op.kind, system.accelerator,
+                        "fp8" if op.fp8 and workload.precision == "fp8" else activation_precision(workload.precision))
         compute += timed.compute_s
         memory += timed.memory_s
         total += timed.total_s

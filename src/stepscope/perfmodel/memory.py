@@ -11,6 +11,9 @@ while it is recomputed). Stage i of 1F1B holds min(p − i, m) micro-batches, x 
 interleaved: the first p, the fullest middle stage p − 1 (which is the peak when the first holds fewer
 layers), the last one, plus the logits and fp32 loss tensors. ZeRO/FSDP shards over `plan.shard` ranks
 (HSDP replicas hold copies); FSDP without resharding after forward keeps the stage's gathered weights.
+Mixture-of-Experts: the routed experts' weights are 1/ep per GPU with their state sharded over the dp x cp / ep
+ranks holding the same experts; a MoE block keeps what its ops save (`ops_moe.py`, the expert activations
+scaled by the load imbalance of the busiest rank).
 fp8 training keeps bf16 weights and gradients and the fp32 optimizer state (mixed precision) and saves the
 linear layers' inputs in fp8 (`ops.Geometry.gemm_input_bytes`).
 """
@@ -20,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepscope.perfmodel.ops import Geometry, Op, activation_precision, embedding_ops, head_ops, layer_ops
-from stepscope.perfmodel.stages import pipeline_stages
+from stepscope.perfmodel.ops_moe import moe_layer_ops
+from stepscope.perfmodel.stages import Stage, pipeline_stages
 from stepscope.spec import ModelSpec, bytes_per_element
 from stepscope.spec.plan import ParallelPlan
 
@@ -95,42 +99,83 @@ class Memory:
                 "mem_GiB": self.total / GiB, "capacity_GiB": self.capacity / GiB}
 
 
-def stage_params(spec: ModelSpec, g: Geometry, pp: int) -> tuple[float, float, float]:
-    """(layer params per GPU, first-stage extra, last-stage extra): the embedding sits on the first stage,
-    the final norm and vocabulary projection on the last (a tied projection is a copy there when pp > 1)."""
-    layer = sum(op.params for op in layer_ops(spec, g))
+def layer_kinds(spec: ModelSpec, g: Geometry) -> tuple[list[Op], list[Op]]:
+    """The ops of one dense block and of one Mixture-of-Experts block (empty for a dense model)."""
+    return layer_ops(spec, g), (moe_layer_ops(spec, g) if spec.is_moe else [])
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters per GPU: of one dense block, of one MoE block (all of them with ep = 1, else without the
+    routed experts), of one MoE block's routed experts when ep > 1, and the embedding and head extras."""
+
+    dense: float
+    moe: float
+    expert: float
+    embedding: float
+    head: float
+
+    def of(self, stage: Stage) -> tuple[float, float]:
+        """(parameters reduced over dp x cp, expert parameters reduced over dp x cp / ep) of a stage."""
+        shared = (self.dense * stage.dense + self.moe * stage.moe + self.embedding * stage.embedding
+                  + self.head * stage.head)
+        return shared, self.expert * stage.moe
+
+
+def stage_params(spec: ModelSpec, g: Geometry, pp: int) -> StageParams:
+    """Per-GPU parameters of each kind of block and the stage extras: the embedding sits on the first stage, the
+    final norm and vocabulary projection on the last (a tied projection is a copy there when pp > 1)."""
+    dense_ops, moe_ops = layer_kinds(spec, g)
+    layer = sum(op.params for op in dense_ops)
+    split = g.ep > 1  # with ep = 1 the experts are reduced and sharded like every other weight
+    moe = sum(op.params for op in moe_ops if not (split and op.expert))
+    expert = sum(op.params for op in moe_ops if split and op.expert)
     embedding = sum(op.params for op in embedding_ops(spec, g))
     head = sum(op.params for op in head_ops(spec, g))
     if spec.tie_embeddings and pp > 1:
         head += spec.vocab_size * spec.d_model / g.tp
-    return layer, embedding, head
+    return StageParams(layer, moe, expert, embedding, head)
 
 
 def memory(spec: ModelSpec, g: Geometry, plan: ParallelPlan, precision: str, micro_batches: int,
            capacity_bytes: float) -> Memory:
     """Peak memory per GPU of `plan` on its fullest pipeline stage (first, middle or last)."""
     act_precision = activation_precision(precision)
-    layer_params, emb_params, head_params = stage_params(spec, g, plan.pp)
+    sp = stage_params(spec, g, plan.pp)
     keeps_weights = plan.zero == 3 and not plan.reshard_after_forward  # gathered weights kept until backward
-    per_param = state_bytes(act_precision, 2 if keeps_weights else plan.zero, plan.shard, plan.fp32_grads)
-    if keeps_weights:  # the optimizer state stays sharded as in ZeRO-3
-        per_param = StateBytes(per_param.weights, per_param.grads,
-                               state_bytes(act_precision, 3, plan.shard, plan.fp32_grads).optimizer)
-    ops = layer_ops(spec, g)
-    per_layer = layer_activation_bytes(ops, plan.recompute, g, spec.d_model)
-    working = sum(op.saved_bytes for op in ops) if plan.recompute == "full" else 0.0
+
+    def per_param_bytes(ranks: int) -> StateBytes:
+        per_param = state_bytes(act_precision, 2 if keeps_weights else plan.zero, ranks, plan.fp32_grads)
+        if keeps_weights:  # the optimizer state stays sharded as in ZeRO-3
+            per_param = StateBytes(per_param.weights, per_param.grads,
+                                   state_bytes(act_precision, 3, ranks, plan.fp32_grads).optimizer)
+        return per_param
+
+    # expert weights (ep > 1): state sharded over the expert-data-parallel ranks
+    per_param, per_expert = per_param_bytes(plan.shard), per_param_bytes(plan.expert_dp)
+    dense_ops, moe_ops = layer_kinds(spec, g)
+    per_dense = layer_activation_bytes(dense_ops, plan.recompute, g, spec.d_model)
+    per_moe = layer_activation_bytes(moe_ops, plan.recompute, g, spec.d_model) if moe_ops else 0.0
+    working = 0.0
+    if plan.recompute == "full":  # one layer's activations while it is recomputed: the larger kind
+        working = max(sum(op.saved_bytes for op in ops) for ops in (dense_ops, moe_ops) if ops)
     if plan.zero >= 3 and not keeps_weights:  # a gathered copy of the layer being computed and the prefetched one
-        working += 2 * layer_params * bytes_per_element(act_precision)
+        working += 2 * max(sp.dense, sp.moe + sp.expert) * bytes_per_element(act_precision)
     vocab = spec.vocab_size / g.tp
     e = g.act_bytes
     head_act = g.tokens * vocab * (e + 4 + (4 if e < 4 else 0))  # logits, fp32 log-probs, fp32 copy
     interleaved = 1 + (plan.pp - 1) / (plan.pp * plan.interleave) if plan.interleave > 1 else 1.0
     candidates = []
-    for stage in pipeline_stages(plan, spec.n_layers, micro_batches):
-        params = layer_params * stage.layers + emb_params * stage.embedding + head_params * stage.head
+    dense_layers = spec.dense_layers if spec.is_moe else None
+    for stage in pipeline_stages(plan, spec.n_layers, micro_batches, dense_layers):
+        params, experts = sp.of(stage)
         held = stage.in_flight * (interleaved if stage.name != "last" else 1.0)
-        activations = per_layer * stage.layers * held + working + (head_act if stage.head else 0.0)
-        candidates.append((params * per_param.total + activations, params, activations))
-    _, params, activations = max(candidates, key=lambda c: c[0])
-    return Memory(weights=params * per_param.weights, grads=params * per_param.grads,
-                  optimizer=params * per_param.optimizer, activations=activations, capacity=capacity_bytes)
+        activations = ((per_dense * stage.dense + per_moe * stage.moe) * held + working
+                       + (head_act if stage.head else 0.0))
+        candidates.append((params * per_param.total + experts * per_expert.total + activations, params, experts,
+                           activations))
+    _, params, experts, activations = max(candidates, key=lambda c: c[0])
+    return Memory(weights=params * per_param.weights + experts * per_expert.weights,
+                  grads=params * per_param.grads + experts * per_expert.grads,
+                  optimizer=params * per_param.optimizer + experts * per_expert.optimizer, activations=activations,
+                  capacity=capacity_bytes)

@@ -18,6 +18,8 @@ Conventions (the reference the vectorized evaluator is tested against):
 - fp8 (`Geometry.fp8_recipe`): the four linear layers of a block run as fp8 GEMMs (E4M3 forward, E5M2
   gradients: the same rate) and save their inputs in fp8; attention, norms, softmax, the embedding and the
   logits stay 16-bit (Transformer Engine's and torchao's defaults); one cast op per block (`fp8_casts`).
+- Attention widths are n_heads x head_dim (`ModelSpec.q_dim`), which may differ from d_model (Qwen3).
+- Mixture-of-Experts blocks replace the MLP block of every layer after `dense_layers`: `ops_moe.py`.
 - Kernel counts follow an eager implementation like `stepscope.nn.TransformerLM` (rotary: 7 kernels per
   tensor; SwiGLU: silu and mul).
 """
@@ -30,14 +32,14 @@ from stepscope.spec import ModelSpec
 
 # Nominal elementwise FLOPs per element (what a vector unit does; not counted in MFU).
 VECTOR_FLOPS = {"norm": 5.0, "rope": 3.0, "softmax": 5.0, "dropout": 2.0, "residual": 1.0, "swiglu": 6.0,
-                "gelu": 10.0, "embedding": 1.0, "loss": 5.0}
+                "gelu": 10.0, "embedding": 1.0, "loss": 5.0, "permute": 1.0, "combine": 2.0}
 # Backward of an elementwise op relative to its forward (bytes and FLOPs), from what it reads and writes:
 # a norm reads x and dy and writes dx (3 tensors vs 2); a residual add's gradient passes through (one
 # accumulation, as many tensors as forward); softmax reads p and dy, writes dx; SwiGLU reads dy, gate and
 # up and writes two gradients (5 vs 3); GELU reads x and dy, writes dx; dropout and rotary replay their
 # forward on the gradient.
 VECTOR_BACKWARD = {"norm": 1.5, "rope": 1.0, "softmax": 1.5, "dropout": 1.0, "residual": 1.0, "swiglu": 5 / 3,
-                   "gelu": 1.5}
+                   "gelu": 1.5, "permute": 1.0, "combine": 1.5}
 ROPE_KERNELS_PER_TENSOR = 7
 
 
@@ -47,10 +49,10 @@ class Collective:
     total (gathered) size for all-gather and reduce-scatter, message size for point-to-point."""
 
     kind: str
-    """all-reduce | reduce-scatter | all-gather | p2p."""
+    """all-reduce | reduce-scatter | all-gather | all-to-all | p2p."""
     bytes: float
     group: str
-    """Which parallel dimension's group: tp | cp | dp | pp."""
+    """Which parallel dimension's group: tp | cp | dp | pp | ep."""
     size: int
     """Ranks in the group."""
     overlappable: bool = True
@@ -79,7 +81,7 @@ class Op:
 
     name: str
     block: str
-    """embedding | attention | mlp | head."""
+    """embedding | attention | mlp | moe | head."""
     kind: str
     """matrix | attention (fused flash kernel) | vector."""
     forward: Cost
@@ -95,6 +97,8 @@ class Op:
     fp8: bool = False
     """A GEMM that runs in fp8 when the workload's precision is fp8 (the linear layers of a block)."""
     notes: tuple[str, ...] = field(default=())
+    expert: bool = False
+    """Its parameters are routed experts: 1/ep of them per GPU, reduced and ZeRO-sharded over dp x cp / ep."""
 
     @property
     def kept_selective(self) -> float:
@@ -123,6 +127,10 @@ class Geometry:
     dropout: bool = False
     fp8_recipe: str | None = None
     """None: no fp8; else the scaling recipe of the fp8 linear layers (`spec.plan.FP8_RECIPES`)."""
+    ep: int = 1
+    """Expert-parallel group size (MoE blocks, `ops_moe.py`)."""
+    expert_imbalance: float = 1.0
+    """Tokens of the busiest expert-parallel rank / the mean (MoE blocks)."""
 
     @property
     def fp8(self) -> bool:
@@ -199,27 +207,27 @@ def _tp_entry_exit(g: Geometry, width: float) -> tuple[tuple, tuple, tuple, tupl
 def attention_block(spec: ModelSpec, g: Geometry) -> list[Op]:
     """Norm, QKV projection, rotary, attention core (fused, or scores/softmax/dropout/values), output
     projection, dropout + residual: the ops of one attention block."""
-    h, kv, e, t = spec.d_model, spec.kv_dim, g.act_bytes, g.tp
+    h, q, kv, e, t = spec.d_model, spec.q_dim, spec.kv_dim, g.act_bytes, g.tp
     tokens, sharded = g.tokens, g.sharded_tokens
-    qkv_width = (h + 2 * kv) / t
+    qkv_width = (q + 2 * kv) / t
     entry_fwd, entry_bwd, exit_fwd, exit_bwd = _tp_entry_exit(g, h)
     mask = 1 if g.dropout else 0
     ops = [_vector("attn_norm", "attention", "norm", sharded * h, 2 * sharded * h * e,
                    saved=sharded * h * e, params=spec.norm_params())]
-    qkv_bias = (h + 2 * kv) / t if spec.attn_bias else 0.0
+    qkv_bias = (q + 2 * kv) / t if spec.attn_bias else 0.0
     # the entry collective belongs to the QKV GEMM: it is what an overlapping implementation hides it behind
     ops.append(_matrix("qkv", "attention", tokens, h, qkv_width, e, params=h * qkv_width + qkv_bias,
                        saved=sharded * h * g.gemm_input_bytes, fwd_comms=entry_fwd, bwd_comms=entry_bwd, fp8=g.fp8))
     if spec.positions == "rope":
-        rotated = tokens * (h + kv) / t
+        rotated = tokens * (q + kv) / t
         ops.append(_vector("rope", "attention", "rope", rotated, 2 * rotated * e,
                            kernels=2 * ROPE_KERNELS_PER_TENSOR))
     ops.extend(attention_ops(spec, g))
     out_bias = h if spec.attn_bias else 0.0  # row-parallel bias: replicated, added after the reduction
-    ops.append(_matrix("attn_out", "attention", tokens, h / t, h, e, params=h * h / t + out_bias,
-                       saved=tokens * h / t * g.gemm_input_bytes, fwd_comms=exit_fwd, bwd_comms=exit_bwd, fp8=g.fp8))
+    ops.append(_matrix("attn_out", "attention", tokens, q / t, h, e, params=q * h / t + out_bias,
+                       saved=tokens * q / t * g.gemm_input_bytes, fwd_comms=exit_fwd, bwd_comms=exit_bwd, fp8=g.fp8))
     if g.fp8:
-        ops.append(fp8_casts("attn_fp8_casts", "attention", g, tokens * h + h * qkv_width + tokens * h / t + h * h / t,
+        ops.append(fp8_casts("attn_fp8_casts", "attention", g, tokens * h + h * qkv_width + tokens * q / t + q * h / t,
                              4, tokens * qkv_width + tokens * h, 2))
     ops.append(_vector("attn_residual", "attention", "residual", sharded * h, sharded * h * (3 * e + mask),
                        per_element=VECTOR_FLOPS["residual"] + (VECTOR_FLOPS["dropout"] if g.dropout else 0.0),
@@ -229,7 +237,7 @@ def attention_block(spec: ModelSpec, g: Geometry) -> list[Op]:
 
 def attention_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
     """The attention core: one fused flash op, or scores, softmax, (dropout,) values."""
-    h, kv, e, t = spec.d_model, spec.kv_dim, g.act_bytes, g.tp
+    h, kv, e, t = spec.q_dim, spec.kv_dim, g.act_bytes, g.tp  # h: the attention width n_heads x head_dim
     tokens, heads = g.tokens, spec.n_heads / t
     queries = g.micro_batch * g.seq / g.cp  # each context-parallel rank owns seq/cp queries of every sequence
     square_flops = 2.0 * queries * g.seq * h / t  # one s x s matmul (QKᵀ or PV) over all local heads, unmasked

@@ -69,7 +69,7 @@ class PlanOutcome:
         """The top plans, best first, with where their step goes."""
         rows = []
         for rank, (plan, m) in enumerate(self.result.top, 1):
-            comm = m["tp_comm_s"] + m["cp_comm_s"] + m["pp_comm_s"] + m["dp_comm_s"]
+            comm = m["tp_comm_s"] + m["cp_comm_s"] + m["ep_comm_s"] + m["pp_comm_s"] + m["dp_comm_s"]
             compute = m["forward_compute_s"] + m["backward_compute_s"] + m["recompute_s"]
             rows.append({"rank": rank, "plan": plan.describe(), "placement": ",".join(plan.placement),
                          "tokens_per_s": m["tokens_per_s"], "step_s": m["step_s"], "mfu_pct": m["mfu_pct"],

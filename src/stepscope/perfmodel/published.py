@@ -5,13 +5,19 @@ Two datasets ship in `stepscope/data/validation/`:
   the assumptions `validate.py` states (the 2021 software: fp16, no flash attention, full recomputation, ...);
 - `modern_runs`: dense Llama-class runs of 2024-25 (H100/H200, bf16 and fp8, uneven pipelines, context
   parallelism), one row per run with its source and the exact configuration the source gives; what a source
-  does not give is stated in the row's notes as an assumption, never fitted.
+  does not give is stated in the row's notes as an assumption, never fitted;
+- `moe_runs`: Mixture-of-Experts runs (Mixtral, Qwen3-MoE, DeepSeek-V3 on H100/H800/B200; Megatron-Core,
+  Megatron-Bridge, NeMo AutoModel, DeepSeek's report), the same columns plus `ep` and `etp` (expert tensor
+  parallelism; stepscope models experts tensor-parallel like the dense MLP, so a row with etp != tp is
+  predicted with etp = tp, which its notes say). DeepSeek-V3 rows use the `deepseek-v3-gqa` preset (GQA with
+  MLA's weights, no multi-token prediction module).
 
-A source publishes a step time, tokens/s per GPU, TFLOP/s per GPU or MFU; each becomes a measured step time:
-B·s / (tokens/s/GPU · GPUs), or the run's FLOPs / (rate · GPUs) with the FLOPs counted as the source counts
-them (`flops_convention`: `6N+attention` is stepscope's `ModelSpec.flops_per_token` with causal attention
-counted half, `6N+attention-full` with the full s x s square, as Megatron's and Meta's MFU do; `6N` without
-attention), and MFU against the bf16 dense peak of the row's system.
+A source publishes a step time, tokens/s per GPU, TFLOP/s per GPU or MFU; each becomes a measured step
+time: as published, B·s / (tokens/s/GPU · GPUs), or the run's FLOPs / (rate · GPUs) with the FLOPs counted as
+the source counts them (`flops_convention`: `6N+attention` is stepscope's `ModelSpec.flops_per_token` with
+causal attention counted half, `6N+attention-full` with the full s x s square, as Megatron's and Meta's MFU do;
+`6N` without attention; for MoE models N counts the activated weights), and MFU against the bf16 dense peak
+of the row's system.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from stepscope.spec import ModelSpec, Workload, get_preset
 from stepscope.spec.plan import ParallelPlan
 from stepscope.spec.system import load_system
 
-DATASETS = ("narayanan2021_table1", "modern_runs")
+DATASETS = ("narayanan2021_table1", "modern_runs", "moe_runs")
 
 
 @dataclass(frozen=True)
@@ -107,16 +113,17 @@ def _modern(row: dict[str, str], name: str) -> PublishedRun:
                         sequence_parallel=row["sequence_parallel"] == "yes",
                         first_stage_layers=int(row["first_stage_layers"]),
                         last_stage_layers=int(row["last_stage_layers"]), fp8_recipe=row["fp8_recipe"] or "delayed",
-                        tp_overlap=row["tp_overlap"] == "yes")
+                        tp_overlap=row["tp_overlap"] == "yes", ep=int(row.get("ep") or 1),
+                        ep_overlap=row.get("ep_overlap") == "yes")
     gpus, metric, value = int(row["gpus"]), row["metric"], float(row["value"])
     convention = row["flops_convention"]
     flops = run_flops(model, workload, convention)
-    if metric == "tokens_per_s_per_gpu":
+    if metric == "step_time_s":
+        step_s = value
+    elif metric == "tokens_per_s_per_gpu":
         step_s = workload.batch * workload.seq / (value * gpus)
     elif metric == "tflops_per_gpu":
         step_s = flops / (value * 1e12 * gpus)
-    elif metric == "step_time_s":
-        step_s = value
     elif metric == "mfu_pct":
         peak = load_system(row["system"]).accelerator.matrix_peak("bf16")
         step_s = flops / (value / 100 * peak * gpus)

@@ -1,7 +1,8 @@
 """Search every valid parallel plan for a model, a system, N GPUs and a global batch.
 
 1. Shapes: every (tp, pp, cp) whose product divides N, dp = N / (tp·pp·cp); crossed with every
-   micro-batch and interleave value. The plan rules (`spec.plan.CONSTRAINTS`) are evaluated on these
+   micro-batch and interleave value and, for a Mixture-of-Experts model, every expert-parallel size. The plan
+   rules (`spec.plan.CONSTRAINTS`) are evaluated on these
    arrays; each rule's count of excluded candidates is kept for `--explain`.
 2. The surviving shapes (sequence parallelism included) are expanded into groups — one per distinct
    placement of the tp/cp/dp/pp groups on rank numbers and per attention kind — and each group into its
@@ -51,6 +52,9 @@ class SearchSpace:
     """Context-parallel sizes (default: divisors of the GPU count)."""
     micro_batch: tuple[int, ...] | None = None
     """Micro-batch sizes (default: divisors of the global batch)."""
+    ep: tuple[int, ...] | None = None
+    """Expert-parallel sizes (default: the powers of two up to n_experts that divide dp x cp; 1 for a dense
+    model)."""
     interleave: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
     """Virtual pipeline chunks per stage."""
     zero: tuple[int, ...] = (0, 1, 2, 3)
@@ -63,7 +67,8 @@ class SearchSpace:
     """Fused attention kernel or not."""
     uneven_stages: bool = True
     """Also try pipelines whose first and last stage hold one layer fewer than the others (Llama 3's
-    balancing of the embedding and the loss), wherever that splits the layers."""
+    balancing of the embedding and the loss), wherever that splits the layers, and, where pp does not divide
+    the layers, middle stages of ceil(layers/pp) with the rest on the first and the last (DeepSeek-V3)."""
     shard_group: tuple[int, ...] = (0, 8)
     """ZeRO/FSDP shard group sizes (0: all dp x cp ranks; 8: one node, HSDP across nodes)."""
     reshard_after_forward: bool = True
@@ -80,6 +85,10 @@ class SearchSpace:
     """Gradient reduction overlaps backward."""
     tp_overlap: bool = False
     """TP/CP collectives overlap their GEMMs."""
+    expert_imbalance: float = 1.0
+    """Tokens of the busiest expert-parallel rank / the mean (`ParallelPlan.expert_imbalance`)."""
+    ep_overlap: bool = False
+    """All-to-alls hide behind the MoE blocks' GEMMs (`ParallelPlan.ep_overlap`)."""
 
 
 @dataclass
@@ -134,7 +143,7 @@ class _Rows:
         return ParallelPlan(sequence_parallel=bool(self.sequence_parallel[i]), **fields)
 
 
-def _shape_rows(gpus: int, space: SearchSpace, workload: Workload, n_layers: int) -> _Rows:
+def _shape_rows(gpus: int, space: SearchSpace, workload: Workload, n_layers: int, n_experts: int = 0) -> _Rows:
     tps = space.tp or tuple(divisors(gpus))
     pps = space.pp or tuple(divisors(gpus))
     cps = space.cp or tuple(divisors(gpus))
@@ -143,20 +152,41 @@ def _shape_rows(gpus: int, space: SearchSpace, workload: Workload, n_layers: int
               if gpus % (tp * pp * cp) == 0]
     if not shapes:
         raise UsageError(f"no (tp, pp, cp) in the search space divides {gpus} GPUs")
-    def stage_options(pp: int) -> list[tuple[int, int]]:
-        """Even stages, and (where it splits the layers) first and last one layer fewer than the middle."""
-        options = [(0, 0)]
-        if space.uneven_stages and pp > 2 and (n_layers + 2) % pp == 0 and (n_layers + 2) // pp >= 2:
-            options.append(((n_layers + 2) // pp - 1,) * 2)
-        return options
+    # expert parallelism: powers of two up to the routed experts (1 for a dense model), within dp x cp
+    eps = space.ep or tuple(2**i for i in range(n_experts.bit_length()) if 2**i <= n_experts) or (1,)
+    # the product of every dimension in numpy (C order: the stage option varies fastest), then the rows that
+    # exist kept: the uneven-stage options only where they split the layers, default expert-parallel sizes
+    # only where they divide dp x cp
+    shape = np.array(shapes, dtype=np.int64)
+    axes = [np.arange(len(shapes)), np.array(mbs), np.array(space.interleave), np.array(space.sequence_parallel,
+            dtype=np.int64), np.array(space.shard_group), np.array(eps), np.arange(3)]
+    grid = [a.reshape(-1) for a in np.meshgrid(*axes, indexing="ij")]
+    i, mb, v, sp, shard, ep, option = grid
+    tp, pp, cp, dp = (shape[i, k] for k in range(4))
+    first, last = _uneven_stages(pp, n_layers, option)
+    keep = (option == 0) | (space.uneven_stages & (first > 0))
+    if not space.ep:  # given values meet the rules (and their count)
+        keep &= (dp * cp) % ep == 0
+    return _Rows(tp=tp[keep], pp=pp[keep], cp=cp[keep], dp=dp[keep], micro_batch=mb[keep], interleave=v[keep],
+                 sequence_parallel=sp[keep].astype(bool), first_stage_layers=first[keep],
+                 last_stage_layers=last[keep], shard_group=shard[keep], ep=ep[keep])
 
-    grid = np.array([(tp, pp, cp, dp, mb, v, sp, first, last, shard)
-                     for (tp, pp, cp, dp), mb, v, sp, shard
-                     in itertools.product(shapes, mbs, space.interleave, space.sequence_parallel, space.shard_group)
-                     for first, last in stage_options(pp)], dtype=np.int64)
-    return _Rows(tp=grid[:, 0], pp=grid[:, 1], cp=grid[:, 2], dp=grid[:, 3], micro_batch=grid[:, 4],
-                 interleave=grid[:, 5], sequence_parallel=grid[:, 6].astype(bool), first_stage_layers=grid[:, 7],
-                 last_stage_layers=grid[:, 8], shard_group=grid[:, 9])
+
+def _uneven_stages(pp: np.ndarray, n_layers: int, option: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) stage layers of each stage option (0: none): 0 even stages; 1 the first and the last one
+    layer fewer than the middle ones (Llama 3), where that splits the layers; 2 where pp does not divide the
+    layers, middle stages of ceil(L/pp) and the rest split between the first and the last, the first taking
+    the odd layer (DeepSeek-V3's 3 + 14 x 4 + 2 on pp 16, Megatron-Bridge's 7 + 6 x 8 + 6 on pp 8) unless
+    option 1 gave the same."""
+    fewer = (n_layers + 2) // pp - 1
+    ok1 = (pp > 2) & ((n_layers + 2) % pp == 0) & (fewer >= 1)
+    middle = -(-n_layers // pp)
+    rest = n_layers - (pp - 2) * middle
+    first2, last2 = rest - rest // 2, rest // 2
+    ok2 = (pp > 2) & (n_layers % pp != 0) & (last2 >= 1) & (first2 <= middle) & ~(ok1 & (first2 == last2))
+    first = np.where(option == 1, np.where(ok1, fewer, 0), np.where(option == 2, np.where(ok2, first2, 0), 0))
+    last = np.where(option == 1, np.where(ok1, fewer, 0), np.where(option == 2, np.where(ok2, last2, 0), 0))
+    return first, last
 
 
 def _placement_table(rows: _Rows, space: SearchSpace) -> tuple[np.ndarray, dict[int, list[int]]]:
@@ -177,10 +207,12 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
     ones by tokens/s. `progress(done, total)` is called after every chunk."""
     workload.check_fits(spec.context_length)
     start = time.perf_counter()
-    rows = _shape_rows(gpus, space, workload, spec.n_layers)
+    rows = _shape_rows(gpus, space, workload, spec.n_layers, spec.n_experts)
     facts = Facts.of(spec, workload.batch, workload.seq)
     key, placements = _placement_table(rows, space)
-    multiplicity = np.array([len(placements[int(k)]) for k in key]) * (
+    per_key = np.zeros(1 << len(DIMENSIONS), dtype=np.int64)
+    per_key[list(placements)] = [len(v) for v in placements.values()]
+    multiplicity = per_key[key] * (
         len(space.zero) * len(space.recompute) * len(space.flash_attention))
     valid = np.ones(len(key), dtype=bool)
     rejected: dict[str, int] = {}
@@ -229,7 +261,9 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
                            fp32_grads=space.fp32_grads, dp_overlap=space.dp_overlap, tp_overlap=space.tp_overlap,
                            first_stage_layers=rows.first_stage_layers[r], last_stage_layers=rows.last_stage_layers[r],
                            shard_group=rows.shard_group[r], reshard_after_forward=space.reshard_after_forward,
-                           fp8_recipe=space.fp8_recipe, layout={d: np.repeat(g[lo:hi], k) for d, g in layout.items()})
+                           fp8_recipe=space.fp8_recipe, ep=rows.ep[r], expert_imbalance=space.expert_imbalance,
+                           ep_overlap=space.ep_overlap,
+                           layout={d: np.repeat(g[lo:hi], k) for d, g in layout.items()})
         out = evaluate_many(spec, workload, system, cands, group_size=k)
         ok = out["feasible"]
         i = int(np.argmin(out["mem_GiB"]))

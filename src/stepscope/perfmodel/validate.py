@@ -61,7 +61,8 @@ class ValidationRow:
                 "batch": run.workload.batch, "measured_step_s": run.measured_step_s, "predicted_step_s": p.step_s,
                 "error_pct": 100 * self.error, "measured_tflops_per_gpu": run.measured_tflops_per_gpu,
                 "predicted_tflops_per_gpu": predicted_tflops, "bubble_pct": 100 * p.phases["bubble"] / p.step_s,
-                "comm_pct": 100 * (p.breakdown["tp_comm"] + p.breakdown["pp_comm"] + p.breakdown["dp_comm"]) / p.step_s,
+                "comm_pct": 100 * (p.breakdown["tp_comm"] + p.breakdown["ep_comm"] + p.breakdown["pp_comm"]
+                                  + p.breakdown["dp_comm"]) / p.step_s,
                 "mem_GiB": p.memory.total / 2**30}
 
 

@@ -34,7 +34,7 @@ def evaluate_many(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Ca
     representatives = c if group_size == 1 else c.subset(slice(None, None, group_size))
     terms = group_terms(spec, workload, system, representatives, bucket_cap_MiB)
     # groups on axis 0, the members of a group (ZeRO stage x recompute mode) on axis 1
-    T = {name: value.reshape(-1, 1) for name, value in terms.items()}
+    T = {name: np.reshape(value, (-1, 1)) for name, value in terms.items()}
     zero, rec = c.zero.reshape(-1, group_size), c.recompute.reshape(-1, group_size)
     out = _assemble(spec, workload, system, c, T, zero, rec)
     return {name: np.broadcast_to(value, zero.shape).reshape(n) for name, value in out.items()}
@@ -50,40 +50,65 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     m, single = T["m"], T["single"]
 
     # ---- recomputation re-runs the layer forward (full) or the unfused attention core (selective) -----
+    moe = "moe_fwd" in T  # a Mixture-of-Experts model: MoE layers beside the dense ones
+    zero_s = np.zeros(rec.shape)
     if backward:
         rec_compute = np.where(rec == 2, T["fwd"], np.where(rec == 1, T["sel_fwd"], 0.0))
         rec_tp = np.where(rec == 2, T["tp_fwd"], 0.0)
         rec_cp = np.where(rec == 2, T["cp_fwd"], np.where(rec == 1, T["sel_cp"], 0.0))
+        if moe:
+            moe_rec = np.where(rec == 2, T["moe_fwd"], np.where(rec == 1, T["sel_fwd"], 0.0))
+            moe_rec_tp = np.where(rec == 2, T["moe_tp_fwd"], 0.0)
+            moe_rec_ep = np.where(rec == 2, T["moe_ep_fwd"], 0.0)
     else:
-        rec_compute = rec_tp = rec_cp = np.zeros(rec.shape)
+        rec_compute = rec_tp = rec_cp = moe_rec = moe_rec_tp = moe_rec_ep = zero_s
 
-    # ---- pipeline stages, per micro-batch: (compute, tp, cp) forward and backward ---------------------
+    # ---- pipeline stages, per micro-batch: (compute, tp, cp, ep) forward and backward ----------------
     lf = (T["fwd"], T["tp_fwd"], T["cp_fwd"])
     lb = (T["bwd"] + rec_compute, T["tp_bwd"] + rec_tp, T["cp_bwd"] + rec_cp)
+    if moe:
+        mf = (T["moe_fwd"], T["moe_tp_fwd"], T["cp_fwd"], T["moe_ep_fwd"])
+        mb = (T["moe_bwd"] + moe_rec, T["moe_tp_bwd"] + moe_rec_tp, T["cp_bwd"] + rec_cp, T["moe_ep_bwd"] + moe_rec_ep)
 
-    def stage(extra_f, extra_b, layers):
-        return ((lf[0] * layers + extra_f[0], lf[1] * layers + extra_f[1], lf[2] * layers),
-                (lb[0] * layers + extra_b[0], lb[1] * layers + extra_b[1], lb[2] * layers))
+    def stage(extra_f, extra_b, dense, experts):
+        if not moe:
+            return ((lf[0] * dense + extra_f[0], lf[1] * dense + extra_f[1], lf[2] * dense),
+                    (lb[0] * dense + extra_b[0], lb[1] * dense + extra_b[1], lb[2] * dense))
+        return ((lf[0] * dense + mf[0] * experts + extra_f[0], lf[1] * dense + mf[1] * experts + extra_f[1],
+                 lf[2] * dense + mf[2] * experts, mf[3] * experts),
+                (lb[0] * dense + mb[0] * experts + extra_b[0], lb[1] * dense + mb[1] * experts + extra_b[1],
+                 lb[2] * dense + mb[2] * experts, mb[3] * experts))
 
     first_f, last_f = (T["first_fwd"], T["first_fwd_tp"]), (T["last_fwd"], T["last_fwd_tp"])
     first_b, last_b = (T["first_bwd"], 0.0), (T["last_bwd"], T["last_bwd_tp"])
     one = stage((first_f[0] + last_f[0], first_f[1] + last_f[1]), (first_b[0] + last_b[0], first_b[1] + last_b[1]),
-                T["layers_total"])
+                T["one_dense"], T["one_moe"])
     # pipeline stages (evaluate's `pipeline_stages`): first (embedding), middle (pp > 2), last (head); the
     # slowest sets the pace (a middle stage where pp <= 2 does not exist: it never wins)
-    staged = [stage(first_f, first_b, T["first_layers"]), stage((0.0, 0.0), (0.0, 0.0), T["mid_layers"]),
-              stage(last_f, last_b, T["last_layers"])]
+    counts = [(T["first_dense"], T["first_moe"]), (T["mid_dense"], T["mid_moe"]), (T["last_dense"], T["last_moe"])]
+    staged = [stage(first_f, first_b, *counts[0]), stage((0.0, 0.0), (0.0, 0.0), *counts[1]),
+              stage(last_f, last_b, *counts[2])]
     totals = [sum(f) + sum(b) for f, b in staged]
     totals[1] = np.where(T["has_middle"], totals[1], -np.inf)
     pace = np.where(single, 0, np.argmax(np.stack(np.broadcast_arrays(*totals)), axis=0))
+    parts = 4 if moe else 3  # (compute, tp, cp[, ep])
     sf = [np.where(single, one[0][i], np.choose(pace, [np.broadcast_to(s[0][i], pace.shape) for s in staged]))
-          for i in range(3)]
+          for i in range(parts)]
     sb = [np.where(single, one[1][i], np.choose(pace, [np.broadcast_to(s[1][i], pace.shape) for s in staged]))
-          for i in range(3)]
+          for i in range(parts)]
     stage_fwd, stage_bwd = sf[0] + sf[1] + sf[2], sb[0] + sb[1] + sb[2]
-    pace_layers = np.where(single, T["layers_total"], np.choose(pace, np.broadcast_arrays(
-        T["first_layers"], T["mid_layers"], T["last_layers"], pace)[:3]))
-    stage_rec = rec_compute * pace_layers
+    if moe:
+        stage_fwd, stage_bwd = stage_fwd + sf[3], stage_bwd + sb[3]
+    else:  # a dense model exchanges no tokens
+        sf.append(zero_s)
+        sb.append(zero_s)
+
+    def at_pace(one_value, values):
+        return np.where(single, one_value, np.choose(pace, np.broadcast_arrays(*values, pace)[:3]))
+
+    stage_rec = rec_compute * at_pace(T["one_dense"], [c[0] for c in counts])
+    if moe:
+        stage_rec = stage_rec + moe_rec * at_pace(T["one_moe"], [c[1] for c in counts])
     p2p_fwd, p2p_bwd = T["p2p_fwd"], T["p2p_bwd"]
 
     # ---- data parallelism: reduction (overlapped except the last bucket), ZeRO parameter gathers ------
@@ -91,6 +116,8 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     full_t = np.where(is_ar, T["ar_full"], T["rs_full"])
     last_t = np.where(is_ar, T["ar_last"], T["rs_last"])
     total_t = T["n_full"] * full_t + last_t
+    if moe:  # expert gradients (ep > 1), launched before the others
+        total_t = total_t + np.where(is_ar, T["ar_exp"], T["rs_exp"])
     reduce_s = np.maximum(total_t - stage_bwd, last_t) if c.dp_overlap else total_t
     reduce_s = np.where(zero >= 2, m, 1.0) * reduce_s  # sharded gradients: reduced after every micro-batch
     # HSDP: the reduced gradient shards all-reduced across the replicas, once a step
@@ -120,6 +147,7 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
            "bubble_ms": 1e3 * bubble_s,
            "forward_compute_s": m * sf[0], "backward_compute_s": m * (sb[0] - stage_rec),
            "recompute_s": m * stage_rec, "tp_comm_s": m * (sf[1] + sb[1]), "cp_comm_s": m * (sf[2] + sb[2]),
+           "ep_comm_s": m * (sf[3] + sb[3]),
            "pp_comm_s": m * (p2p_fwd + p2p_bwd), "bubble_s": bubble_s, "dp_comm_s": reduce_s + gather_s,
            "optimizer_s": optimizer_s}
     step = (out["forward_ms"] + out["backward_ms"] + out["optimizer_ms"] + out["bubble_ms"]) / 1e3
@@ -127,6 +155,9 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     out["tokens_per_s"] = workload.batch * seq / step
     model_flops = workload.batch * seq * (spec.flops_per_token(seq) if backward else spec.forward_flops_per_token(seq))
     recomputed = np.where(rec == 2, T["flops_full"], np.where(rec == 1, T["flops_selective"], 0.0))
+    if moe:
+        moe_recomputed = np.where(rec == 2, T["moe_flops_full"], np.where(rec == 1, T["flops_selective"], 0.0))
+        recomputed = (recomputed * T["one_dense"] + moe_recomputed * T["one_moe"]) / T["layers_total"]
     hardware_flops = model_flops + (recomputed * T["layers_total"] / T["pp"] * m * T["gpus"] if backward else 0.0)
     out["mfu_pct"] = 100 * model_flops / (step * T["gpus"] * mc.peak)
     out["hfu_pct"] = 100 * hardware_flops / (step * T["gpus"] * mc.peak)
@@ -145,23 +176,47 @@ def _memory(workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, 
     w = np.where((zero >= 3) & ~keeps, e / n_shard, float(e))
     g = np.where(zero >= 2, gb / n_shard, float(gb))
     o = np.where(zero >= 1, optimizer_bytes / n_shard, optimizer_bytes)
-    per_layer = np.where(rec == 2, T["act_full"], np.where(rec == 1, T["act_selective"], T["act_none"]))
-    working = np.where(rec == 2, T["act_none"], 0.0) + np.where((zero >= 3) & ~keeps, 2 * T["layer_params"] * e, 0.0)
+    moe = "moe_fwd" in T
+    if moe:  # expert weights (ep > 1): state sharded over the dp x cp / ep ranks holding the same experts
+        n_edp = T["edp"]
+        we = np.where((zero >= 3) & ~keeps, e / n_edp, float(e))
+        ge = np.where(zero >= 2, gb / n_edp, float(gb))
+        oe = np.where(zero >= 1, optimizer_bytes / n_edp, optimizer_bytes)
+
+    def per_layer_of(prefix: str) -> np.ndarray:
+        return np.where(rec == 2, T["act_full"], np.where(rec == 1, T[f"{prefix}act_selective"],
+                                                          T[f"{prefix}act_none"]))
+
+    per_layer = per_layer_of("")
+    per_moe = per_layer_of("moe_") if moe else 0.0
+    full_working = np.maximum(T["act_none"], T["moe_act_none"]) if moe else T["act_none"]
+    largest_layer = np.maximum(T["layer_params"], T["moe_params"] + T["expert_params"]) if moe else T["layer_params"]
+    working = np.where(rec == 2, full_working, 0.0) + np.where((zero >= 3) & ~keeps, 2 * largest_layer * e, 0.0)
     head_act = T["head_act"]
     per_param = w + g + o
-    one = (T["one_params"], per_layer * T["layers_total"] * np.minimum(1.0, T["m"]) + working + head_act)
-    stages = [(T["first_params"], per_layer * T["first_layers"] * T["held_first"] + working),
-              (T["mid_params"], per_layer * T["mid_layers"] * T["held_mid"] + working),
-              (T["last_params"], per_layer * T["last_layers"] + working + head_act)]
-    totals = [p * per_param + a for p, a in stages]
+
+    def acts(dense, experts, held):
+        return (per_layer * dense + per_moe * experts) * held if moe else per_layer * dense * held
+
+    one = (T["one_params"], T["one_experts"], acts(T["one_dense"], T["one_moe"], np.minimum(1.0, T["m"])) + working
+           + head_act)
+    stages = [(T["first_params"], T["first_experts"], acts(T["first_dense"], T["first_moe"], T["held_first"])
+               + working),
+              (T["mid_params"], T["mid_experts"], acts(T["mid_dense"], T["mid_moe"], T["held_mid"]) + working),
+              (T["last_params"], T["last_experts"], acts(T["last_dense"], T["last_moe"], 1.0) + working + head_act)]
+    totals = ([p * per_param + x * (we + ge + oe) + a for p, x, a in stages] if moe
+              else [p * per_param + a for p, _, a in stages])
     totals[1] = np.where(T["has_middle"], totals[1], -np.inf)
     fullest = np.argmax(np.stack(np.broadcast_arrays(*totals)), axis=0)
 
     def pick(i: int) -> np.ndarray:
         return np.where(single, one[i], np.choose(fullest, [np.broadcast_to(s[i], fullest.shape) for s in stages]))
 
-    params, activations = pick(0), pick(1)
+    params, activations = pick(0), pick(2)
     weights, grads, optimizer = params * w, params * g, params * o
+    if moe:
+        experts = pick(1)
+        weights, grads, optimizer = weights + experts * we, grads + experts * ge, optimizer + experts * oe
     if workload.mode != "train":
         optimizer = np.zeros(optimizer.shape)
         if workload.mode == "fwd":

@@ -25,6 +25,7 @@ from stepscope.perfmodel.ops import (
     activation_precision,
 )
 from stepscope.perfmodel.timing import OPTIMIZER_FLOPS_PER_PARAM, optimizer_bytes_per_param
+from stepscope.perfmodel.vectorized_moe import attention_tp, expert_dp_terms, moe_block_terms
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
 from stepscope.spec.plan import stage_layers
 from stepscope.spec.system import SystemSpec
@@ -45,7 +46,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     fp8 = precision == "fp8"
     f8 = system.accelerator.matrix_peak("fp8") / mc.peak if fp8 else 1.0  # rate of the fp8 GEMMs vs 16-bit
     ge = 1 if fp8 else e  # bytes of a linear layer's inputs and weights (read, and saved for backward)
-    h, kv, f, vocab, seq = spec.d_model, spec.kv_dim, spec.d_ff, spec.vocab_size, workload.seq
+    h, q, kv, f, vocab, seq = spec.d_model, spec.q_dim, spec.kv_dim, spec.d_ff, spec.vocab_size, workload.seq
     heads, gated = spec.n_heads, spec.mlp == "swiglu"
     b, t, cp, pp, dp, v = (c.micro_batch.astype(float), c.tp.astype(float), c.cp.astype(float),
                            c.pp.astype(float), c.dp.astype(float), c.interleave.astype(float))
@@ -79,9 +80,9 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     # ---- attention block (backward of a matrix op = 2 x its forward: two GEMMs of the same size) -----
     norm_c, norm_t = mc.vector(VECTOR_FLOPS["norm"] * sharded * h, 2 * sharded * h * e, 1)
     norm_bt = back(norm_c, 2 * sharded * h * e, "norm", 1)
-    qkv_c, qkv_t = mc.matrix(2 * tokens * h * (h + 2 * kv) / t, (tokens * h + h * (h + 2 * kv) / t) * ge
-                             + tokens * (h + 2 * kv) / t * e, 1, f8)
-    out_c, out_t = mc.matrix(2 * tokens * h / t * h, (tokens * h / t + h / t * h) * ge + tokens * h * e, 1, f8)
+    qkv_c, qkv_t = mc.matrix(2 * tokens * h * (q + 2 * kv) / t, (tokens * h + h * (q + 2 * kv) / t) * ge
+                             + tokens * (q + 2 * kv) / t * e, 1, f8)
+    out_c, out_t = mc.matrix(2 * tokens * q / t * h, (tokens * q / t + q / t * h) * ge + tokens * h * e, 1, f8)
     residual_bytes = sharded * h * (3 * e + mask)
     res_c, res_t = mc.vector((VECTOR_FLOPS["residual"] + (VECTOR_FLOPS["dropout"] if mask else 0.0)) * sharded * h,
                              residual_bytes, 1)
@@ -89,17 +90,17 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     fwd = norm_t + qkv_t + out_t + res_t
     bwd = norm_bt + 2 * qkv_t + 2 * out_t + res_bt
     if spec.positions == "rope":
-        rotated = tokens * (h + kv) / t
+        rotated = tokens * (q + kv) / t
         rope_c, rope_t = mc.vector(VECTOR_FLOPS["rope"] * rotated, 2 * rotated * e, 2 * ROPE_KERNELS_PER_TENSOR)
         fwd = fwd + rope_t
         bwd = bwd + back(rope_c, 2 * rotated * e, "rope", 2 * ROPE_KERNELS_PER_TENSOR)
 
     # attention core: fused flash kernel, or scores / softmax / dropout / values
     queries = b * seq / cp
-    square = 2.0 * queries * seq * h / t
-    qk_bytes, v_bytes = tokens * (h + kv) / t * e, tokens * kv / t * e
+    square = 2.0 * queries * seq * q / t
+    qk_bytes, v_bytes = tokens * (q + kv) / t * e, tokens * kv / t * e
     lse = 4.0 * heads / t * queries
-    flash_moved = tokens * (2 * h + 2 * kv) / t * e
+    flash_moved = tokens * (2 * q + 2 * kv) / t * e
     scores_el = heads / t * queries * seq
     any_flash, any_unfused = bool(flash.any()), not bool(flash.all())  # a search often has one kind only
     if any_flash:
@@ -114,7 +115,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
             do_bt = back(do_c, scores_el * (2 * e + mask), "dropout", 1)
         else:
             do_t = do_bt = zeros
-        va_c, va_t = mc.matrix(square, scores_el * e + v_bytes + tokens * h / t * e, 1)
+        va_c, va_t = mc.matrix(square, scores_el * e + v_bytes + tokens * q / t * e, 1)
         unfused_fwd = sc_t + sm_t + do_t + va_t
         unfused_bwd = 2 * sc_t + sm_bt + do_bt + 2 * va_t
     if any_flash and any_unfused:
@@ -127,6 +128,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     else:
         core_fwd, core_bwd, core_fwd_compute, core_bwd_compute = unfused_fwd, unfused_bwd, sc_c, 2 * sc_c
     fwd, bwd = fwd + core_fwd, bwd + core_bwd
+    att_fwd, att_bwd = fwd, bwd  # the attention block (a MoE block follows it in MoE layers)
 
     # ---- MLP block ----------------------------------------------------------------------------------
     up_w = (2 if gated else 1) * f / t
@@ -143,13 +145,15 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     bwd = bwd + norm_bt + 2 * up_t + ac_bt + 2 * dn_t + res_bt
     if fp8:  # ops.fp8_casts of the attention and the MLP block: inputs and weights forward, gradients backward
         per = FP8_CAST_BYTES[c.fp8_recipe]
-        qkv_w = (h + 2 * kv) / t
-        for forward_elements, backward_elements in (
-                (tokens * h + h * qkv_w + tokens * h / t + h * h / t, tokens * qkv_w + tokens * h),
-                (tokens * h + h * up_w + hidden + f / t * h, tokens * up_w + tokens * h)):
-            fwd = fwd + mc.vector(FP8_CAST_FLOPS * forward_elements, per * forward_elements, 4 * FP8_CAST_KERNELS)[1]
-            bwd = bwd + mc.vector(FP8_CAST_FLOPS * backward_elements, per * backward_elements,
-                                  2 * FP8_CAST_KERNELS)[1]
+        qkv_w = (q + 2 * kv) / t
+        for block, (forward_elements, backward_elements) in enumerate((
+                (tokens * h + h * qkv_w + tokens * q / t + q * h / t, tokens * qkv_w + tokens * h),
+                (tokens * h + h * up_w + hidden + f / t * h, tokens * up_w + tokens * h))):
+            cast_f = mc.vector(FP8_CAST_FLOPS * forward_elements, per * forward_elements, 4 * FP8_CAST_KERNELS)[1]
+            cast_b = mc.vector(FP8_CAST_FLOPS * backward_elements, per * backward_elements, 2 * FP8_CAST_KERNELS)[1]
+            fwd, bwd = fwd + cast_f, bwd + cast_b
+            if block == 0:  # the attention block's casts belong to MoE layers too
+                att_fwd, att_bwd = att_fwd + cast_f, att_bwd + cast_b
 
     # ---- exposed TP / CP collectives of one layer --------------------------------------------------
     tp_on = t > 1
@@ -202,24 +206,53 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
 
     # ---- parameters per stage (pp = 1: everything on one stage) -----------------------------------
     norm_p = spec.norm_params()
-    layer_p = (2 * norm_p + h * (h + 2 * kv) / t + ((h + 2 * kv) / t if spec.attn_bias else 0.0)
-               + h * h / t + (h if spec.attn_bias else 0.0) + h * up_w + (up_w if spec.mlp_bias else 0.0)
+    layer_p = (2 * norm_p + h * (q + 2 * kv) / t + ((q + 2 * kv) / t if spec.attn_bias else 0.0)
+               + q * h / t + (h if spec.attn_bias else 0.0) + h * up_w + (up_w if spec.mlp_bias else 0.0)
                + f / t * h + (h if spec.mlp_bias else 0.0))
     emb_p = table + (spec.context_length * h if learned else 0.0)
     head_p = norm_p + (0.0 if spec.tie_embeddings else h * vocab / t)
     head_p_pp = head_p + (table if spec.tie_embeddings else 0.0)  # a tied projection is a copy on the last stage
     single, has_middle = c.pp == 1, c.pp > 2
-    first_p, last_p = layer_p * first_l + emb_p, layer_p * last_l + head_p_pp
-    mid_p = np.where(has_middle, layer_p * mid_l, 0.0)
+    # (dense, MoE) blocks of each stage: a MoE model's leading dense blocks sit on the first stage (`stages.py`)
+    n_layers, n_moe = spec.n_layers, spec.moe_layers
+    dense_total = n_layers - n_moe
+    if spec.is_moe:
+        first_d = np.minimum(dense_total, first_l)
+        counts = {"first": (first_d, first_l - first_d), "mid": (zeros, mid_l), "last": (zeros, last_l)}
+        block = moe_block_terms(spec, system, (e, act_precision, c.fp8_recipe if fp8 else None, c.dropout, overlap,
+                                               c.expert_imbalance, c.ep_overlap), c.micro_batch * (seq // c.cp), c.tp,
+                                c.ep, g_tp,
+                                np.minimum(c.ep, g_dp), c.sequence_parallel)
+        # one attention block: its norm, QKV and output projections (the MoE block has its own norm)
+        att_p = (norm_p + h * (q + 2 * kv) / t + ((q + 2 * kv) / t if spec.attn_bias else 0.0) + q * h / t
+                 + (h if spec.attn_bias else 0.0))
+        moe_p, expert_p = att_p + block["params"], block["expert_params"]
+        moe_fp8_p = att_p - norm_p + block["fp8_params"]
+    else:
+        counts = {"first": (first_l, zeros), "mid": (mid_l, zeros), "last": (last_l, zeros)}
+        moe_p = expert_p = moe_fp8_p = 0.0
+
+    def stage_p(name: str, extra) -> tuple:
+        d, mo = counts[name]
+        return layer_p * d + moe_p * mo + extra, expert_p * mo
+
+    (first_p, first_e), (last_p, last_e) = stage_p("first", emb_p), stage_p("last", head_p_pp)
+    mid_p, mid_e = stage_p("mid", 0.0)
+    mid_p, mid_e = np.where(has_middle, mid_p, 0.0), np.where(has_middle, mid_e, 0.0)
+    one_p, one_e = layer_p * dense_total + moe_p * n_moe + emb_p + head_p, expert_p * n_moe
     # the stage with the most parameters: 0 first, 1 middle, 2 last (pp = 1: the single stage, index 0)
-    critical = np.argmax(np.stack([first_p, mid_p, last_p]), axis=0)
+    critical = np.argmax(np.stack(np.broadcast_arrays(first_p + first_e, mid_p + mid_e, last_p + last_e)), axis=0)
     critical = np.where(single, 0, critical)
-    params = np.where(single, layer_p * spec.n_layers + emb_p + head_p, np.maximum(np.maximum(first_p, mid_p), last_p))
-    critical_layers = np.where(single, spec.n_layers, np.choose(critical, [first_l, mid_l, last_l]))
+    params = np.where(single, one_p, np.choose(critical, [first_p, mid_p, last_p]))
+    experts = np.where(single, one_e, np.choose(critical, np.broadcast_arrays(first_e, mid_e, last_e)))
+    names = ("first", "mid", "last")
+    critical_dense = np.where(single, dense_total, np.choose(critical, [counts[k][0] for k in names]))
+    critical_moe = np.where(single, n_moe, np.choose(critical, [counts[k][1] for k in names]))
     # ZeRO-3 gathers: the linear layers' weights in fp8 where the recipe casts before gathering
     gathered = params * e
-    if fp8 and c.fp8_recipe != "blockwise":
-        fp8_p = (layer_p - 2 * norm_p) * critical_layers
+    fp8_gather = fp8 and c.fp8_recipe != "blockwise"
+    if fp8_gather:
+        fp8_p = (layer_p - 2 * norm_p) * critical_dense + moe_fp8_p * critical_moe
         gathered = fp8_p + (params - fp8_p) * e
 
     # ---- data-parallel collectives: size-based buckets, all-reduce (ZeRO 0) or reduce-scatter --------
@@ -237,14 +270,21 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
              "first_bucket": mc.reduce_scatter(np.minimum(params, cap) * e, n_shard, g_shard),
              "weights_s_z3": mc.reduce_scatter(gathered, n_shard, g_shard),
              "first_bucket_z3": mc.reduce_scatter(np.minimum(1.0, cap / params) * gathered, n_shard, g_shard)}
+    if spec.is_moe:  # expert gradients (ep > 1): reduced and gathered over the dp x cp / ep ranks
+        terms.update(expert_dp_terms(mc, experts, c.ep.astype(float), n_dp, g_dp, cap, gb, e, fp8_gather))
+        terms["weights_s"] = terms["weights_s"] + terms["exp_weights"]
+        terms["weights_s_z3"] = terms["weights_s_z3"] + terms["exp_weights_z3"]
 
     # ---- optimizer over all local parameters, or over a 1/dp shard (ZeRO >= 1) -----------------------
     if mode == "train":
-        tensors = (param_tensors(spec, 1, False, False) * critical_layers
+        tensors = (param_tensors(spec, 1, False, False) * critical_dense
                    + np.where(single | (critical == 0), param_tensors(spec, 0, True, False), 0)
                    + np.where(single | (critical == 2), param_tensors(spec, 0, False, True), 0))
+        if spec.is_moe:
+            tensors = tensors + param_tensors(spec, 0, False, False, 1) * critical_moe
         per_param = optimizer_bytes_per_param(act_precision, gb)
-        for name, local in (("opt_full", params), ("opt_sharded", params / n_shard)):
+        for name, local in (("opt_full", params + experts),
+                            ("opt_sharded", params / n_shard + experts / (n_dp / c.ep))):
             terms[name] = (np.maximum(OPTIMIZER_FLOPS_PER_PARAM * local / mc.optimizer_peak,
                                       local * per_param / mc.bandwidth) + tensors * mc.overhead)
     else:
@@ -252,7 +292,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
 
     # ---- activation bytes per layer and micro-batch of each recompute mode (memory.py) ---------------
     act_f = (2 if gated else 1) * tokens * f / t * e
-    common = (2 * sharded * h * e + 2 * sharded * h * ge + tokens * h / t * ge + 2 * sharded * h * mask + act_f
+    common = (2 * sharded * h * e + 2 * sharded * h * ge + tokens * q / t * ge + 2 * sharded * h * mask + act_f
               + tokens * f / t * ge)
     fused = qk_bytes + v_bytes + lse
     s_x_s = scores_el * e + (scores_el * (e + mask) if mask else 0.0)
@@ -265,16 +305,18 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
         "act_none": common + np.where(flash, fused, qk_bytes + s_x_s + v_bytes),
         "act_selective": common + np.where(flash, fused, qk_bytes + v_bytes),
         "act_full": sharded * h * e,
-        "act_forward_only": np.maximum.reduce([sharded * h * e, tokens * h / t * ge, act_f, tokens * f / t * ge,
+        "act_forward_only": np.maximum.reduce([sharded * h * e, tokens * q / t * ge, act_f, tokens * f / t * ge,
                                                core]),
         "head_act": tokens * vocab / t * (e + 4 + (4 if e < 4 else 0)), "held_first": held_first,
         "held_mid": held_mid})
 
     # ---- FLOPs a recomputation repeats (model FLOPs of the layer forward; or the attention core) ------
-    layer_flops = 2 * tokens * h * (h + 2 * kv) / t + 2 * tokens * h * h / t + 2 * tokens * h * up_w + 2 * hidden * h
+    layer_flops = 2 * tokens * h * (q + 2 * kv) / t + 2 * tokens * q * h / t + 2 * tokens * h * up_w + 2 * hidden * h
     terms.update({
         "m": m.astype(float), "first_layers": first_l.astype(float), "mid_layers": mid_l.astype(float),
-        "last_layers": last_l.astype(float), "has_middle": has_middle, "single": single, "pp": pp, "v": v,
+        "last_layers": last_l.astype(float), "mid_dense": counts["mid"][0], "last_dense": counts["last"][0],
+        "one_dense": np.full(len(c), float(dense_total)), "one_moe": np.full(len(c), float(n_moe)),
+        "has_middle": has_middle, "single": single, "pp": pp, "v": v,
         "dp_cp": n_dp, "shard": n_shard, "replicas": replicas, "layers_total": np.full(len(c), float(spec.n_layers)),
         "gpus": c.gpus.astype(float), "fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "cp_fwd": cp_fwd,
         "cp_bwd": cp_bwd, "sel_fwd": sel_fwd, "sel_cp": sel_cp,
@@ -284,6 +326,22 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
         "last_bwd_tp": head_bwd_tp if backward else zeros,
         "p2p_fwd": p2p_fwd, "p2p_bwd": p2p_bwd, "params": params, "n_full": n_full,
         "layer_params": layer_p, "first_params": first_p, "mid_params": mid_p, "last_params": last_p,
-        "one_params": layer_p * spec.n_layers + emb_p + head_p,
+        "one_params": one_p, "first_experts": first_e, "mid_experts": mid_e, "last_experts": last_e,
+        "one_experts": one_e, "moe_params": moe_p, "expert_params": expert_p, "first_dense": counts["first"][0],
+        "first_moe": counts["first"][1],
+        "mid_moe": counts["mid"][1], "last_moe": counts["last"][1], "edp": n_dp / c.ep,
         "flops_full": layer_flops + square, "flops_selective": np.where(flash, 0.0, square)})
+    if spec.is_moe:  # a MoE layer: the attention block (as above) and the MoE block
+        att_tp_fwd, att_tp_bwd = attention_tp(overlap, qkv_c, out_c, rs_block, ar_block)
+        att_act = sharded * h * e + sharded * h * ge + tokens * q / t * ge + sharded * h * mask
+        terms.update({
+            "moe_fwd": att_fwd + block["fwd"], "moe_bwd": (att_bwd + block["bwd"]) if backward else zeros,
+            "moe_tp_fwd": np.where(tp_on, np.where(sp, att_tp_fwd[0], att_tp_fwd[1]), 0.0) + block["tp_fwd"],
+            "moe_tp_bwd": (np.where(tp_on, np.where(sp, att_tp_bwd[0], att_tp_bwd[1]), 0.0) + block["tp_bwd"])
+            if backward else zeros,
+            "moe_ep_fwd": block["ep_fwd"], "moe_ep_bwd": block["ep_bwd"] if backward else zeros,
+            "moe_act_none": att_act + np.where(flash, fused, qk_bytes + s_x_s + v_bytes) + block["saved"],
+            "moe_act_selective": att_act + np.where(flash, fused, qk_bytes + v_bytes) + block["saved"],
+            "moe_flops_full": 2 * tokens * h * (q + 2 * kv) / t + 2 * tokens * q * h / t + square + block["flops"]})
+        terms["act_forward_only"] = np.maximum(terms["act_forward_only"], block["saved_max"])
     return terms

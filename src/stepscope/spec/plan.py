@@ -74,9 +74,21 @@ class ParallelPlan:
     them until backward ends (FSDP's reshard_after_forward=False, ZeRO-2-like memory, one gather fewer)."""
     fp8_recipe: str = "delayed"
     """Scaling of fp8 GEMMs when the workload's precision is fp8 (see FP8_RECIPES)."""
+    ep: int = 1
+    """Expert-parallel group size (Mixture-of-Experts): the routed experts of each MoE block are split over `ep`
+    ranks carved out of the dp x cp ranks (Megatron-Core's expert parallelism: the innermost `ep` of them form
+    an EP group exchanging tokens by all-to-all; expert gradients are reduced over the dp x cp / ep
+    expert-data-parallel ranks). Experts are tensor-parallel like the dense MLP (expert-TP = tp)."""
+    expert_imbalance: float = 1.0
+    """Load imbalance of the routed experts: tokens of the busiest EP rank / the mean (1.0: perfectly balanced,
+    what an auxiliary-loss or bias-balanced router approaches); scales that rank's expert GEMMs and all-to-all."""
+    ep_overlap: bool = False
+    """The dispatch and combine all-to-alls hide behind the MoE block's GEMMs of the same direction (only what
+    exceeds them shows), as schedules that run one micro-batch's all-to-all during another's computation do
+    (DeepSeek-V3's DualPipe, Megatron-Core's --overlap-moe-expert-parallel-comm); False: exposed."""
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "cp", "interleave", "micro_batch"):
+        for name in ("dp", "tp", "pp", "cp", "interleave", "micro_batch", "ep"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise UsageError(f"{name} must be a positive integer, got {value!r}")
@@ -88,6 +100,9 @@ class ParallelPlan:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UsageError(f"{name} must be a non-negative integer, got {value!r}")
+        if isinstance(self.expert_imbalance, bool) or not self.expert_imbalance >= 1.0:
+            raise UsageError(f"expert_imbalance must be at least 1 (max/mean tokens per expert), "
+                             f"got {self.expert_imbalance!r}")
         if self.fp8_recipe not in FP8_RECIPES:
             raise UsageError(f"fp8_recipe must be one of {'|'.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
         if tuple(sorted(self.placement)) != tuple(sorted(DIMENSIONS)):
@@ -109,6 +124,12 @@ class ParallelPlan:
     def shard(self) -> int:
         """Ranks one ZeRO/FSDP shard group spans (all dp x cp ranks unless `shard_group` is set)."""
         return self.shard_group or self.dp_cp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks holding the same experts (dp x cp / ep): expert gradients are reduced, and their ZeRO state
+        sharded, over them."""
+        return self.dp_cp // self.ep
 
     @property
     def replicas(self) -> int:
@@ -155,8 +176,11 @@ class ParallelPlan:
                   f"first{self.first_stage_layers}" if self.first_stage_layers else "",
                   f"last{self.last_stage_layers}" if self.last_stage_layers else "",
                   f"recompute {self.recompute}" if self.recompute != "none" else "",
-                  f"v{self.interleave}" if self.interleave > 1 else "", "" if self.flash_attention else "no-flash"]
-        return (f"dp{self.dp} tp{self.tp} pp{self.pp} cp{self.cp} mb{self.micro_batch} "
+                  f"v{self.interleave}" if self.interleave > 1 else "", "" if self.flash_attention else "no-flash",
+                  f"imbalance{self.expert_imbalance:g}" if self.expert_imbalance != 1.0 else "",
+                  "ep-overlap" if self.ep_overlap else ""]
+        ep = f"ep{self.ep} " if self.ep > 1 else ""
+        return (f"dp{self.dp} tp{self.tp} pp{self.pp} cp{self.cp} {ep}mb{self.micro_batch} "
                 + " ".join(e for e in extras if e)).strip()
 
     def check(self, model: Any, global_batch: int, seq: int, gpus: int | None = None) -> ParallelPlan:
@@ -181,10 +205,13 @@ class Facts:
     n_layers: int
     global_batch: int
     seq: int
+    n_experts: int = 0
+    expert_d_ff: int = 1
 
     @classmethod
     def of(cls, model: Any, global_batch: int, seq: int) -> Facts:
-        return cls(model.n_heads, model.n_kv_heads, model.d_ff, model.n_layers, global_batch, seq)
+        return cls(model.n_heads, model.n_kv_heads, model.d_ff, model.n_layers, global_batch, seq,
+                   getattr(model, "n_experts", 0), getattr(model, "expert_d_ff", None) or model.d_ff)
 
 
 @dataclass(frozen=True)
@@ -268,6 +295,21 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         p.shard_group + (p.shard_group == 0)) == 0),
                lambda p, f: f"shard_group={p.shard_group} does not divide the dp x cp = {p.dp * p.cp} ranks holding "
                             f"the same weights"),
+    Constraint("ep needs experts", lambda p, f: (p.ep == 1) | (f.n_experts > 0),
+               lambda p, f: f"ep={p.ep} needs a Mixture-of-Experts model (n_experts > 0)"),
+    Constraint("ep divides n_experts", lambda p, f: (f.n_experts == 0) | (f.n_experts % p.ep == 0),
+               lambda p, f: f"ep={p.ep} does not divide n_experts={f.n_experts}"),
+    Constraint("ep divides dp x cp", lambda p, f: (p.dp * p.cp) % p.ep == 0,
+               lambda p, f: f"ep={p.ep} does not divide the dp x cp = {p.dp * p.cp} ranks it is carved out of"),
+    Constraint("tp divides expert_d_ff", lambda p, f: (f.n_experts == 0) | (f.expert_d_ff % p.tp == 0),
+               lambda p, f: f"tp={p.tp} does not divide expert_d_ff={f.expert_d_ff}"),
+    Constraint("MoE with tp > 1 needs sequence parallel",
+               lambda p, f: (f.n_experts == 0) | (p.tp == 1) | (p.sequence_parallel == True),  # noqa: E712
+               lambda p, f: "a Mixture-of-Experts model with tp > 1 needs sequence_parallel (as Megatron-Core "
+                            "requires: each TP rank dispatches its own tokens)"),
+    Constraint("ep > 1 shards over all dp x cp ranks", lambda p, f: (p.ep == 1) | (p.shard_group == 0),
+               lambda p, f: f"ep={p.ep} is modelled with ZeRO/FSDP over all dp x cp ranks, not HSDP shard groups "
+                            f"(got shard_group={p.shard_group})"),
     Constraint("sequence parallel needs tp > 1", lambda p, f: (p.sequence_parallel == False) | (p.tp > 1),  # noqa: E712
                lambda p, f: "sequence_parallel needs tensor parallelism (tp > 1)"),
     Constraint("sequence parallel splits the sequence",

@@ -51,6 +51,8 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--fp32-grads", action="store_true", help="gradients accumulated and reduced in fp32")
     group.add_argument("--no-dp-overlap", action="store_true", help="gradient reduction after backward, not during")
     group.add_argument("--tp-overlap", action="store_true", help="TP/CP collectives overlap their GEMMs")
+    group.add_argument("--ep-overlap", action="store_true",
+                       help="MoE all-to-alls hide behind the MoE blocks' GEMMs (DualPipe-like schedules)")
 
 
 def training_from_args(args: argparse.Namespace) -> ModelledWorkload:
@@ -64,7 +66,7 @@ def training_from_args(args: argparse.Namespace) -> ModelledWorkload:
 def switches_from_args(args: argparse.Namespace) -> dict[str, bool]:
     """The execution switches (`add_training_options`) as `ParallelPlan` / `SearchSpace` fields."""
     return {"dropout": args.dropout, "fp32_grads": args.fp32_grads, "dp_overlap": not args.no_dp_overlap,
-            "tp_overlap": args.tp_overlap}
+            "tp_overlap": args.tp_overlap, "ep_overlap": args.ep_overlap}
 
 
 def add_plan_options(parser: argparse.ArgumentParser) -> None:
@@ -73,8 +75,11 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dp", default=None, help="data-parallel replicas (default: GPUs / (tp*pp*cp))")
     for option, help_text in (("--tp", "tensor parallel"), ("--pp", "pipeline stages"), ("--cp", "context parallel"),
                               ("--interleave", "virtual pipeline chunks per stage"),
-                              ("--micro-batch", "sequences per micro-batch")):
+                              ("--micro-batch", "sequences per micro-batch"),
+                              ("--ep", "expert parallel (MoE): experts split over ep of the dp x cp ranks")):
         add_config_option(group, ParallelPlan, option, help_text)
+    add_config_option(group, ParallelPlan, "--expert-imbalance", "MoE load imbalance: tokens of the busiest "
+                      "expert-parallel rank / the mean (>= 1)")
     group.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
     for option, help_text, field in (("--zero", "ZeRO stage 0-3, 1 = distributed optimizer", None),
                                      ("--recompute", "|".join(RECOMPUTE), None),
@@ -114,6 +119,8 @@ def plan_from_args(args: argparse.Namespace, spec: ModelSpec) -> tuple[ParallelP
                         shard_group=one_value(args.shard_group, non_negative_int, "--shard-group"),
                         reshard_after_forward=yes_no(args.reshard_after_forward, "--reshard-after-forward"),
                         fp8_recipe=one_value(args.fp8_recipe, choice(*FP8_RECIPES), "--fp8-recipe"),
+                        ep=one_value(args.ep, positive_int, "--ep"),
+                        expert_imbalance=one_value(args.expert_imbalance, float, "--expert-imbalance"),
                         **switches_from_args(args))
     workload = training_from_args(args).workload(spec, batch=dp * micro_batch)
     plan.check(spec, workload.batch, workload.seq, gpus)
@@ -134,7 +141,8 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     """The search space of `plan` (`SearchSpace`; its defaults)."""
     group = parser.add_argument_group("search space (comma lists; default: every value that can be valid)")
     for name, default in (("tp", "divisors of --gpus"), ("pp", "divisors of --gpus"), ("cp", "divisors of --gpus"),
-                          ("micro-batch", "divisors of --global-batch")):
+                          ("micro-batch", "divisors of --global-batch"),
+                          ("ep", "MoE: powers of two up to n_experts dividing dp x cp; 1 for dense models")):
         group.add_argument(f"--{name}", default=config_default(SearchSpace, name.replace("-", "_")),
                            help=f"{name} values to try (default {default})")
     for option, help_text, field in (("--interleave", "interleave values to try", None),
@@ -150,8 +158,17 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
                                      ("--fp8-recipe", f"scaling of fp8 GEMMs with --precision fp8: "
                                       f"{'|'.join(FP8_RECIPES)}", None)):
         add_config_option(group, SearchSpace, option, help_text, field=field)
+    add_config_option(group, SearchSpace, "--expert-imbalance", "MoE load imbalance of every plan: tokens of the "
+                      "busiest expert-parallel rank / the mean (>= 1)")
     group.add_argument("--no-placements", action="store_true",
                        help="only Megatron's rank order (tp, cp, dp, pp) instead of every placement")
+
+
+def _imbalance(text: str) -> float:
+    value = one_value(text, float, "--expert-imbalance")
+    if not value >= 1.0:
+        raise UsageError(f"--expert-imbalance must be at least 1 (max/mean tokens per expert), got {text}")
+    return value
 
 
 def space_from_args(args: argparse.Namespace) -> SearchSpace:
@@ -167,7 +184,8 @@ def space_from_args(args: argparse.Namespace) -> SearchSpace:
     if any(z not in (0, 1, 2, 3) for z in zero):
         raise UsageError(f"--zero values must be 0, 1, 2 or 3, got {args.zero}")
     return SearchSpace(tp=ints("--tp", args.tp), pp=ints("--pp", args.pp), cp=ints("--cp", args.cp),
-                       micro_batch=ints("--micro-batch", args.micro_batch),
+                       micro_batch=ints("--micro-batch", args.micro_batch), ep=ints("--ep", args.ep),
+                       expert_imbalance=_imbalance(args.expert_imbalance),
                        interleave=ints("--interleave", args.interleave),
                        zero=zero, recompute=tuple(parse_list(args.recompute, choice(*RECOMPUTE), "--recompute")),
                        sequence_parallel=switches("--sequence-parallel", args.sequence_parallel),

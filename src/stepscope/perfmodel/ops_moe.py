@@ -1,0 +1,137 @@
+"""Per-op accounting of one Mixture-of-Experts block on one GPU (the conventions of `ops.py`).
+
+A MoE block replaces the MLP block of every layer after the model's `dense_layers`. With expert parallelism
+(`Geometry.ep` ranks carved out of dp x cp, as in Megatron-Core) and experts tensor-parallel like the dense
+MLP (expert-TP = tp; Megatron-Core's default, which also requires sequence parallelism when tp > 1):
+- the router (a d_model x n_experts GEMM, replicated over TP) scores the GPU's own `sharded_tokens`, then
+  softmax/sigmoid, top-k and normalisation (one vector op over the scores);
+- dispatch: the k copies of each token are permuted into expert order (memory traffic) and sent by an
+  all-to-all over the EP group; forward dispatch and combine are two all-to-alls, their gradients two more;
+- with tp > 1 the received tokens are all-gathered over the TP group (reduce-scattered back after the
+  experts), as the dense MLP's sequence-parallel entry and exit, but with k times the tokens;
+- the expert GEMMs are grouped GEMMs over the n_experts / ep local experts: on average a GPU's experts
+  receive as many token copies as it sent (b·s/cp·k over its TP group), the busiest EP rank
+  `expert_imbalance` (max/mean tokens per expert rank) times that; it sets the pace of every rank, so
+  the expert GEMMs, their activation and the all-to-all bytes are scaled by it;
+- combine: the expert outputs go back by all-to-all, un-permuted and summed with the router weights;
+- shared experts (DeepSeek-V3) are a dense MLP of n_shared x expert_d_ff every token goes through;
+- expert weights (`Op.expert`) are 1/ep of the routed experts per GPU: their gradients are reduced, and their
+  ZeRO state sharded, over the dp x cp / ep expert-data-parallel ranks (`evaluate`, `memory`).
+Not modelled: token dropping (a capacity factor only bounds the imbalance: the busiest expert takes at most
+capacity_factor x its fair share), the auxiliary-loss arithmetic (negligible), fp32 routing.
+"""
+
+from __future__ import annotations
+
+from stepscope.perfmodel.ops import (
+    VECTOR_FLOPS,
+    Collective,
+    Cost,
+    Geometry,
+    Op,
+    _matrix,
+    _tp_entry_exit,
+    _vector,
+    attention_block,
+    fp8_casts,
+)
+from stepscope.spec import ModelSpec
+
+ROUTER_KERNELS = 3  # scores activation, top-k, normalisation of the k weights
+PERMUTE_KERNELS = 2  # index computation (sort by expert) and the gather/scatter itself
+
+
+def routed_tokens(spec: ModelSpec, g: Geometry) -> tuple[float, float]:
+    """(token copies through one GPU's local experts, token copies it sends in the dispatch all-to-all), both on
+    the busiest EP rank."""
+    imbalance = g.expert_imbalance
+    if spec.capacity_factor:  # capacity-limited routers drop what exceeds the capacity
+        imbalance = min(imbalance, spec.capacity_factor)
+    return g.tokens * spec.experts_per_token * imbalance, g.sharded_tokens * spec.experts_per_token * imbalance
+
+
+def _grouped(name: str, m: float, k: float, n: float, weights: float, e: int, *, params: float, saved: float,
+             fwd_comms: tuple[Collective, ...], bwd_comms: tuple[Collective, ...], fp8: bool) -> Op:
+    """A grouped GEMM: m rows in total over the local experts, each with its own k x n weight (`weights`
+    elements in all); backward is two grouped GEMMs of the same size, as for `ops._matrix`."""
+    flops = 2.0 * m * k * n
+    moved = (m * k + weights) * (1 if fp8 else e) + m * n * e
+    return Op(name, "moe", "matrix", Cost(flops, flops, moved, 1, fwd_comms),
+              Cost(2 * flops, 2 * flops, 2 * moved, 2, bwd_comms), saved_bytes=saved, params=params, fp8=fp8,
+              expert=True)
+
+
+def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
+    """Norm, router, dispatch, expert GEMMs, combine, shared experts, residual: one MoE block on one GPU."""
+    h, fe, e, t, ep = spec.d_model, spec.expert_d_ff, g.act_bytes, g.tp, g.ep
+    n, sharded, tokens = spec.n_experts, g.sharded_tokens, g.tokens
+    gated = spec.mlp == "swiglu"
+    up = (2 if gated else 1) * fe / t  # local width of the (gate and) up projection of one expert
+    local = n / ep
+    routed, sent = routed_tokens(spec, g)
+    mask = 1 if g.dropout else 0
+    a2a = (Collective("all-to-all", sent * h * e, "ep", ep, overlappable=False),) if ep > 1 else ()
+    gather = (Collective("all-gather", routed * h * e, "tp", t),) if t > 1 else ()
+    scatter = (Collective("reduce-scatter", routed * h * e, "tp", t),) if t > 1 else ()
+    ops = [_vector("moe_norm", "moe", "norm", sharded * h, 2 * sharded * h * e, saved=sharded * h * e,
+                   params=spec.norm_params()),
+           _matrix("router", "moe", sharded, h, n, e, params=h * n, saved=sharded * h * e),
+           _vector("router_topk", "moe", "softmax", sharded * n, 2 * sharded * n * e, saved=sharded * n * e,
+                   kernels=ROUTER_KERNELS),
+           _vector("dispatch", "moe", "permute", sent * h, (sharded + sent) * h * e, kernels=PERMUTE_KERNELS,
+                   fwd_comms=a2a, bwd_comms=a2a)]
+    bias_up, bias_down = (up, h) if spec.mlp_bias else (0.0, 0.0)
+    ops.append(_grouped("expert_up", routed, h, up, local * h * up, e, params=local * (h * up + bias_up),
+                        saved=routed * h * g.gemm_input_bytes, fwd_comms=gather, bwd_comms=scatter, fp8=g.fp8))
+    hidden = routed * fe / t
+    if gated:
+        ops.append(_vector("expert_swiglu", "moe", "swiglu", hidden, 3 * hidden * e, saved=2 * hidden * e,
+                           kernels=2))
+    else:
+        ops.append(_vector("expert_gelu", "moe", "gelu", hidden, 2 * hidden * e, saved=hidden * e))
+    ops.append(_grouped("expert_down", routed, fe / t, h, local * fe / t * h, e,
+                        params=local * (fe / t * h + bias_down), saved=hidden * g.gemm_input_bytes,
+                        fwd_comms=scatter, bwd_comms=gather, fp8=g.fp8))
+    ops.append(_vector("combine", "moe", "combine", sent * h, (sent + sharded) * h * e, saved=sent * h * e,
+                       kernels=PERMUTE_KERNELS, fwd_comms=a2a, bwd_comms=a2a))
+    fp8_fwd = routed * h + local * h * up + hidden + local * fe / t * h
+    fp8_bwd = routed * up + routed * h
+    if spec.n_shared_experts:
+        ops += _shared_experts(spec, g)
+        fs = spec.n_shared_experts * fe / t
+        fp8_fwd += tokens * h + h * fs * (2 if gated else 1) + tokens * fs + fs * h
+        fp8_bwd += tokens * fs * (2 if gated else 1) + tokens * h
+    if g.fp8:
+        tensors = 4 + (4 if spec.n_shared_experts else 0)
+        ops.append(fp8_casts("moe_fp8_casts", "moe", g, fp8_fwd, tensors, fp8_bwd, tensors // 2))
+    ops.append(_vector("moe_residual", "moe", "residual", sharded * h, sharded * h * (3 * e + mask),
+                       per_element=VECTOR_FLOPS["residual"] + (VECTOR_FLOPS["dropout"] if g.dropout else 0.0),
+                       saved=sharded * h * mask))
+    return ops
+
+
+def _shared_experts(spec: ModelSpec, g: Geometry) -> list[Op]:
+    """The shared experts as one dense MLP of n_shared x expert_d_ff (tensor-parallel like the dense MLP)."""
+    h, e, t = spec.d_model, g.act_bytes, g.tp
+    tokens, sharded = g.tokens, g.sharded_tokens
+    f = spec.n_shared_experts * spec.expert_d_ff
+    gated = spec.mlp == "swiglu"
+    up = (2 if gated else 1) * f / t
+    entry_fwd, entry_bwd, exit_fwd, exit_bwd = _tp_entry_exit(g, h)
+    bias_up, bias_down = (up, h) if spec.mlp_bias else (0.0, 0.0)
+    ops = [_matrix("shared_up", "moe", tokens, h, up, e, params=h * up + bias_up,
+                   saved=sharded * h * g.gemm_input_bytes, fwd_comms=entry_fwd, bwd_comms=entry_bwd, fp8=g.fp8)]
+    hidden = tokens * f / t
+    if gated:
+        ops.append(_vector("shared_swiglu", "moe", "swiglu", hidden, 3 * hidden * e, saved=2 * hidden * e,
+                           kernels=2))
+    else:
+        ops.append(_vector("shared_gelu", "moe", "gelu", hidden, 2 * hidden * e, saved=hidden * e))
+    ops.append(_matrix("shared_down", "moe", tokens, f / t, h, e, params=f / t * h + bias_down,
+                       saved=hidden * g.gemm_input_bytes, fwd_comms=exit_fwd, bwd_comms=exit_bwd, fp8=g.fp8))
+    return ops
+
+
+def moe_layer_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
+    """All ops of one MoE transformer block: the attention block, then the MoE block."""
+    return attention_block(spec, g) + moe_block(spec, g)

@@ -1,0 +1,140 @@
+"""Mixture-of-Experts in the performance model: op accounting against the spec's closed forms, expert
+parallelism in plans, memory and time, the all-to-all cost, the planner's EP search and the MoE dataset."""
+
+import math
+
+import pytest
+
+from stepscope.errors import UsageError
+from stepscope.perfmodel.collectives import all_to_all, collective_time
+from stepscope.perfmodel.evaluate import evaluate, geometry
+from stepscope.perfmodel.memory import layer_kinds
+from stepscope.perfmodel.ops import Geometry, embedding_ops, head_ops
+from stepscope.perfmodel.ops_moe import moe_block
+from stepscope.perfmodel.published import load_dataset
+from stepscope.perfmodel.search import SearchSpace, search
+from stepscope.perfmodel.validate import median_abs_error, validate
+from stepscope.spec import Workload, get_preset
+from stepscope.spec.plan import ParallelPlan
+from stepscope.spec.system import load_system
+
+H100 = load_system("H100-SXM")
+MOE = ("tiny-moe", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3-gqa")
+
+
+def model_ops(spec, g):
+    dense, moe = layer_kinds(spec, g)
+    n_dense = spec.n_layers - spec.moe_layers
+    return dense * n_dense + moe * spec.moe_layers + embedding_ops(spec, g) + head_ops(spec, g)
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_ops_hold_every_parameter_and_the_activated_flops(name):
+    """On one GPU the ops hold exactly param_count() and execute the activated FLOPs of the spec (router, top-k
+    and shared experts, attention of width n_heads x head_dim)."""
+    spec = get_preset(name)
+    g = Geometry(micro_batch=2, seq=64)
+    ops = model_ops(spec, g)
+    assert sum(op.params for op in ops) == pytest.approx(spec.param_count(), rel=1e-12)
+    matrix = sum(op.forward.model_flops for op in ops if op.kind in ("matrix", "attention"))
+    assert matrix == pytest.approx(2 * 64 * spec.forward_flops_per_token(64), rel=1e-12)
+
+
+def test_expert_parallelism_splits_the_routed_experts_only():
+    spec = get_preset("mixtral-8x7b")
+    full, split = (moe_block(spec, Geometry(1, 4096, ep=ep)) for ep in (1, 8))
+    experts = [sum(op.params for op in ops if op.expert) for ops in (full, split)]
+    others = [sum(op.params for op in ops if not op.expert) for ops in (full, split)]
+    assert experts[1] == pytest.approx(experts[0] / 8)
+    assert others[0] == others[1] == spec.norm_params() + spec.router_params()
+    # every token's k copies still go through one GPU's experts on average: the same expert FLOPs per GPU
+    flops = [sum(op.forward.flops for op in ops if op.expert) for ops in (full, split)]
+    assert flops[0] == pytest.approx(flops[1])
+    # two all-to-alls forward, two backward, of the GPU's token copies, over the EP group only with ep > 1
+    comms = [(d, c) for op in split for d in ("forward", "backward") for c in getattr(op, d).comms]
+    assert [(d, c.kind, c.group) for d, c in comms].count(("forward", "all-to-all", "ep")) == 2
+    assert [(d, c.kind, c.group) for d, c in comms].count(("backward", "all-to-all", "ep")) == 2
+    assert comms[0][1].bytes == 4096 * spec.experts_per_token * spec.d_model * 2
+    assert not [c for op in full for c in op.forward.comms + op.backward.comms]
+
+
+def test_all_to_all_cost_follows_the_nccl_tests_factor_and_the_tiers():
+    net = H100.network
+    size = 256 * 2**20
+    one_domain = all_to_all(size, 8, 8, net)
+    assert one_domain == pytest.approx(7 / 8 * size / net.intra.bytes_per_s + net.intra.latency_s)
+    spread = all_to_all(size, 64, 8, net)
+    assert spread == pytest.approx(7 / 64 * size / net.intra.bytes_per_s + net.intra.latency_s
+                                   + 56 / 64 * size / net.inter.bytes_per_s + net.inter.latency_s)
+    assert spread > one_domain
+    assert collective_time("all-to-all", size, 1, 1, net) == 0.0
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"ep": 3, "dp": 3}, "does not divide n_experts"),
+    ({"ep": 4, "dp": 2}, "does not divide the dp x cp"),
+    ({"ep": 2, "dp": 2, "tp": 2}, "needs sequence_parallel"),
+    ({"ep": 2, "dp": 4, "shard_group": 2, "zero": 3}, "not HSDP shard groups"),
+])
+def test_plan_rules_for_expert_parallelism(changes, message):
+    with pytest.raises(UsageError, match=message):
+        ParallelPlan(**changes).check(get_preset("mixtral-8x7b"), 96, 4096)
+    with pytest.raises(UsageError, match="needs a Mixture-of-Experts model"):
+        ParallelPlan(dp=2, ep=2).check(get_preset("llama3-8b"), 64, 4096)
+    with pytest.raises(UsageError, match="expert_imbalance"):
+        ParallelPlan(expert_imbalance=0.5)
+
+
+def test_expert_parallelism_shards_state_and_costs_all_to_all():
+    spec = get_preset("mixtral-8x7b")
+    workload = Workload(batch=256, seq=4096, precision="bf16", mode="train")
+    base = ParallelPlan(dp=16, pp=4, zero=1, interleave=8, micro_batch=1)
+    one, eight = (evaluate(spec, workload, base.replace(ep=ep), H100) for ep in (1, 8))
+    # experts' weights are 1/8 per GPU: weights shrink by almost 8x (attention, router, norms stay)
+    assert one.memory.weights / eight.memory.weights > 6
+    assert one.breakdown["ep_comm"] == 0 < eight.breakdown["ep_comm"]
+    assert sum(eight.breakdown.values()) == pytest.approx(eight.step_s)
+    imbalanced = evaluate(spec, workload, base.replace(ep=8, expert_imbalance=1.5), H100)
+    assert imbalanced.step_s > eight.step_s
+    assert imbalanced.breakdown["ep_comm"] == pytest.approx(1.5 * eight.breakdown["ep_comm"], rel=0.05)
+    # all-to-alls behind the MoE GEMMs: exposed only beyond them
+    hidden = evaluate(spec, workload, base.replace(ep=8, ep_overlap=True), H100)
+    assert hidden.breakdown["ep_comm"] < eight.breakdown["ep_comm"] and hidden.step_s < eight.step_s
+    # a capacity-limited router drops what exceeds its capacity: the imbalance is bounded by it
+    capped = evaluate(spec.replace(capacity_factor=1.25), workload, base.replace(ep=8, expert_imbalance=1.5), H100)
+    assert eight.step_s < capped.step_s < imbalanced.step_s
+
+
+def test_dense_leading_layers_sit_on_the_first_stage():
+    spec = get_preset("deepseek-v3-gqa")
+    g = geometry(ParallelPlan(), Workload(batch=1, seq=4096))
+    dense, moe = layer_kinds(spec, g)
+    assert {op.block for op in dense} == {"attention", "mlp"} and "moe" in {op.block for op in moe}
+    plan = ParallelPlan(dp=64, pp=16, ep=64, first_stage_layers=3, last_stage_layers=2, zero=1)
+    p = evaluate(spec, Workload(batch=1024, seq=4096, precision="bf16", mode="train"), plan, H100)
+    assert p.extras["pace_stage"] == "middle"
+
+
+def test_planner_finds_expert_parallel_plans_that_the_reference_confirms():
+    spec = get_preset("mixtral-8x7b")
+    workload = Workload(batch=256, seq=4096, precision="bf16", mode="train")
+    space = SearchSpace(tp=(1, 2), pp=(1, 4), cp=(1,), micro_batch=(1,), interleave=(1,), zero=(1,),
+                        recompute=("none",), shard_group=(0,))
+    result = search(spec, workload, H100, 256, space, top_k=3)
+    assert result.top and all(plan.ep > 1 for plan, _ in result.top)
+    for plan, metrics in result.top:
+        assert evaluate(spec, workload, plan, H100).step_s == pytest.approx(metrics["step_s"], rel=1e-9)
+
+
+def test_moe_dataset_rows_reproduce_their_published_rates():
+    runs = {r.label: r for r in load_dataset("moe_runs")}
+    assert len(runs) >= 8 and all(r.model.is_moe and r.citation for r in runs.values())
+    assert min(r.plan.ep for r in runs.values()) > 1
+    assert runs["mcore-v0.9-mixtral-8x7b-bf16-h100-64"].measured_tflops_per_gpu == pytest.approx(468)
+    assert runs["automodel-qwen3-30b-a3b-bf16-h100-8"].measured_step_s == 21.773
+    qwen = runs["mbridge-26.04.01-qwen3-30b-a3b-fp8cs-h100-16"]
+    assert qwen.workload.batch * qwen.workload.seq / qwen.measured_step_s / 16 == pytest.approx(8960)
+    assert runs["deepseek-v3-h800-2048-derived"].system == "H800"
+    rows = validate(dataset="moe_runs")
+    assert len(rows) == len(runs) and all(math.isfinite(r.error) for r in rows)
+    assert median_abs_error(rows) > 0
