@@ -32,7 +32,7 @@ from stepscope.spec.system import SystemSpec
 
 # Candidates per evaluation chunk: small enough that numpy's temporaries (128 KiB) stay in the allocator's
 # heap instead of fresh mmaps, whose page faults otherwise cost more system time than the arithmetic.
-CHUNK = 1 << 14
+CHUNK = 1 << 16
 MEMORY_RULE = "memory fits the device"
 
 
