@@ -33,11 +33,35 @@ def evaluate_many(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Ca
         raise ValueError(f"{n} candidates do not split into groups of {group_size}")
     representatives = c if group_size == 1 else c.subset(slice(None, None, group_size))
     terms = group_terms(spec, workload, system, representatives, bucket_cap_MiB)
-    # groups on axis 0, the members of a group (ZeRO stage x recompute mode) on axis 1
-    T = {name: np.reshape(value, (-1, 1)) for name, value in terms.items()}
     zero, rec = c.zero.reshape(-1, group_size), c.recompute.reshape(-1, group_size)
+    grid = _member_grid(zero, rec)
+    if grid is None:  # groups on axis 0, the members of a group (ZeRO stage x recompute mode) on axis 1
+        T = {name: np.reshape(value, (-1, 1)) for name, value in terms.items()}
+        shape = zero.shape
+    else:  # groups on axis 0, ZeRO stages on axis 1, recompute modes on axis 2
+        T = {name: np.reshape(value, (-1, 1, 1)) for name, value in terms.items()}
+        zero, rec = grid
+        shape = (len(representatives), zero.shape[1], rec.shape[2])
     out = _assemble(spec, workload, system, c, T, zero, rec)
-    return {name: np.broadcast_to(value, zero.shape).reshape(n) for name, value in out.items()}
+    return {name: np.broadcast_to(value, shape).reshape(n) for name, value in out.items()}
+
+
+def _member_grid(zero: np.ndarray, rec: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where every group's members are the same ZeRO stages x recompute modes, the recompute mode varying
+    fastest (what a search produces): the stages as a (1, z, 1) array and the modes as (1, 1, r), else None.
+    Broadcasting then computes what depends on the recompute mode alone (the pipeline stages and their pace)
+    once per mode instead of once per member, and what depends on neither once per group; every element is
+    still the same float operations on the same values, so the outputs are identical."""
+    first_z, first_r = zero[0], rec[0]
+    if not ((zero == first_z).all() and (rec == first_r).all()):
+        return None
+    modes = int(np.argmax(first_z != first_z[0])) or len(first_z)  # members before the stage first changes
+    if len(first_z) % modes:
+        return None
+    z, r = first_z.reshape(-1, modes), first_r.reshape(-1, modes)
+    if not ((z == z[:, :1]).all() and (r == r[:1]).all()):
+        return None
+    return z[:, 0].reshape(1, -1, 1), r[0].reshape(1, 1, -1)
 
 
 def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, np.ndarray],
