@@ -96,9 +96,19 @@ def check(spec, workload, system, arrays, plans):
         assert bool(arrays["feasible"][i]) == ref.memory.feasible
 
 
-def test_grouped_evaluation_equals_the_reference():
-    """A search passes runs of plans that differ only in ZeRO stage and recompute mode (group_size)."""
-    spec, system = get_preset("llama3-8b"), load_system("H100-SXM")
+GROUP_ORDERS = {  # members of a group: the ZeRO stage x recompute mode grid a search makes, or any other order
+    "grid": [(z, r) for z in range(4) for r in RECOMPUTE],
+    "recompute-slowest": [(z, r) for r in RECOMPUTE for z in range(4)],
+    "shuffled": random.Random(5).sample([(z, r) for z in range(4) for r in RECOMPUTE], 12),
+}
+
+
+@pytest.mark.parametrize("model", ["llama3-8b", "mixtral-8x7b"])
+@pytest.mark.parametrize("order", list(GROUP_ORDERS))
+def test_grouped_evaluation_equals_the_reference(model, order):
+    """A search passes runs of plans that differ only in ZeRO stage and recompute mode (group_size): a
+    stage x mode grid is evaluated on a (group, stage, mode) broadcast, other orders member by member."""
+    spec, system = get_preset(model), load_system("H100-SXM")
     workload = Workload(batch=64, seq=4096, precision="bf16", mode="train")
     rng = random.Random(3)
     plans = []
@@ -106,7 +116,7 @@ def test_grouped_evaluation_equals_the_reference():
         base = random_plan(rng, spec, 64, 4096, {"dropout": False, "fp32_grads": False, "dp_overlap": True,
                                                   "tp_overlap": False})
         if base is not None:
-            plans += [base.replace(zero=z, recompute=r) for z in range(4) for r in RECOMPUTE]
+            plans += [base.replace(zero=z, recompute=r) for z, r in GROUP_ORDERS[order]]
     arrays = evaluate_many(spec, workload, system, Candidates.from_plans(plans), group_size=12)
     check(spec, workload, system, arrays, plans)
     with pytest.raises(ValueError, match="groups of 7"):
