@@ -31,43 +31,59 @@ forward and backward, parameters per GPU (without the routed experts when ep > 1
 `expert_params`), the fp8 GEMM weights among `params`, saved activation bytes (all, and the largest op's),
 forward model FLOPs (what full recomputation repeats)."""
 
-_TABLES: dict[tuple, tuple[Any, Any, dict[tuple[int, ...], tuple[float, ...]]]] = {}
+_TABLES: dict[tuple, tuple[Any, Any, dict[tuple[int, ...], tuple[float, ...]], dict[tuple[int, ...], tuple]]] = {}
 _MAX_TABLES = 32
 
 
-def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int, ...]) -> tuple[float, ...]:
-    """One MoE block's terms: the reference's ops and timing."""
-    act_bytes, precision, fp8_recipe, dropout, overlap, imbalance, ep_overlap = settings
-    tokens, t, ep, g_tp, g_ep, sp = key
+def _ops(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int, ...]) -> tuple:
+    """What of a block does not depend on where its groups sit: per direction, the ops' summed time, the
+    GEMMs' compute (the window all-to-alls can hide behind) and each collective with the compute of its op;
+    then the parameter, activation and FLOP sums. Blocks differing only in placement share it."""
+    act_bytes, precision, fp8_recipe, dropout, _, imbalance, _ = settings
+    tokens, t, ep, sp = key
     # a MoE block sees a micro-batch only through its tokens per GPU, b·s/cp (an integer: cp splits s evenly)
     g = Geometry(tokens, 1, act_bytes, t, 1, bool(sp), True, dropout, fp8_recipe, ep, imbalance)
-    layout = {"tp": g_tp, "ep": g_ep}
-    out = dict.fromkeys(FIELDS, 0.0)
     ops = moe_block(spec, g)
+    directions = []
     for direction in ("forward", "backward"):
-        short = "fwd" if direction == "forward" else "bwd"
-        window = 0.0
+        total = window = 0.0
+        comms = []
         for op in ops:
             cost = getattr(op, direction)
             timed = op_time(cost, op.kind, system.accelerator, "fp8" if op.fp8 else precision)
-            out[short] += timed.total_s
+            total += timed.total_s
             if op.kind == "matrix":
                 window += timed.compute_s
-            for comm in cost.comms:
-                seconds = collective_time(comm.kind, comm.bytes, comm.size, layout[comm.group], system.network)
-                if comm.group == "ep" and ep_overlap:
-                    out[f"ep_{short}"] += seconds
-                else:
-                    out[f"{comm.group}_{short}"] += exposed(seconds, timed.compute_s, overlap and comm.overlappable)
+            comms += [(comm, timed.compute_s) for comm in cost.comms]
+        directions.append((total, window, comms))
+    split = ep > 1
+    sums = (sum(op.params for op in ops if not (split and op.expert)),
+            sum(op.params for op in ops if split and op.expert),
+            sum(op.params for op in ops if op.fp8 and not (split and op.expert)),
+            sum(op.saved_bytes for op in ops), max(op.saved_bytes for op in ops),
+            sum(op.forward.model_flops for op in ops))
+    return tuple(directions), sums
+
+
+def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int, ...],
+           ops: tuple) -> tuple[float, ...]:
+    """One MoE block's terms: the reference's ops (`_ops`) and their collectives timed on the block's layout,
+    summed in the reference's order."""
+    overlap, ep_overlap = settings[4], settings[6]
+    g_tp, g_ep = key[3], key[4]
+    layout = {"tp": g_tp, "ep": g_ep}
+    out = dict.fromkeys(FIELDS, 0.0)
+    for short, (total, window, comms) in zip(("fwd", "bwd"), ops[0]):
+        out[short] = total
+        for comm, compute_s in comms:
+            seconds = collective_time(comm.kind, comm.bytes, comm.size, layout[comm.group], system.network)
+            if comm.group == "ep" and ep_overlap:
+                out[f"ep_{short}"] += seconds
+            else:
+                out[f"{comm.group}_{short}"] += exposed(seconds, compute_s, overlap and comm.overlappable)
         if ep_overlap:  # evaluate.direction_span: the all-to-alls behind the block's GEMMs
             out[f"ep_{short}"] = max(0.0, out[f"ep_{short}"] - window)
-    split = ep > 1
-    out["params"] = sum(op.params for op in ops if not (split and op.expert))
-    out["expert_params"] = sum(op.params for op in ops if split and op.expert)
-    out["fp8_params"] = sum(op.params for op in ops if op.fp8 and not (split and op.expert))
-    out["saved"] = sum(op.saved_bytes for op in ops)
-    out["saved_max"] = max(op.saved_bytes for op in ops)
-    out["flops"] = sum(op.forward.model_flops for op in ops)
+    out.update(zip(("params", "expert_params", "fp8_params", "saved", "saved_max", "flops"), ops[1]))
     return tuple(out[name] for name in FIELDS)
 
 
@@ -80,8 +96,8 @@ def moe_block_terms(spec: ModelSpec, system: SystemSpec, settings: tuple, tokens
     if cache_key not in _TABLES:
         if len(_TABLES) >= _MAX_TABLES:
             _TABLES.clear()
-        _TABLES[cache_key] = (spec, system, {})  # the objects stay referenced, so their ids stay theirs
-    table = _TABLES[cache_key][2]
+        _TABLES[cache_key] = (spec, system, {}, {})  # the objects stay referenced, so their ids stay theirs
+    _, _, table, op_table = _TABLES[cache_key]
     columns = [np.asarray(x).astype(np.int64) for x in (tokens, tp, ep, g_tp, g_ep, sp)]
     columns = [np.broadcast_to(x, (len(columns[0]),)) for x in columns]
     # one integer per key (each column numbered by its distinct values), then the distinct keys
@@ -92,7 +108,10 @@ def moe_block_terms(spec: ModelSpec, system: SystemSpec, settings: tuple, tokens
     for row in np.stack(columns, axis=1)[first].tolist():
         key = tuple(row)
         if key not in table:
-            table[key] = _block(spec, system, settings, key)
+            ops_key = (key[0], key[1], key[2], key[5])  # tokens, tp, ep, sequence parallelism
+            if ops_key not in op_table:
+                op_table[ops_key] = _ops(spec, system, settings, ops_key)
+            table[key] = _block(spec, system, settings, key, op_table[ops_key])
         rows.append(table[key])
     values = np.array(rows, dtype=float)[inverse.reshape(-1)]
     return {name: values[:, i] for i, name in enumerate(FIELDS)}
