@@ -116,10 +116,9 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     totals[1] = np.where(T["has_middle"], totals[1], -np.inf)
     pace = np.where(single, 0, np.argmax(np.stack(np.broadcast_arrays(*totals)), axis=0))
     parts = 4 if moe else 3  # (compute, tp, cp[, ep])
-    sf = [np.where(single, one[0][i], np.choose(pace, [np.broadcast_to(s[0][i], pace.shape) for s in staged]))
-          for i in range(parts)]
-    sb = [np.where(single, one[1][i], np.choose(pace, [np.broadcast_to(s[1][i], pace.shape) for s in staged]))
-          for i in range(parts)]
+    at = (pace == 0, pace == 1)
+    sf = [np.where(single, one[0][i], _by_stage(at, [s[0][i] for s in staged])) for i in range(parts)]
+    sb = [np.where(single, one[1][i], _by_stage(at, [s[1][i] for s in staged])) for i in range(parts)]
     stage_fwd, stage_bwd = sf[0] + sf[1] + sf[2], sb[0] + sb[1] + sb[2]
     if moe:
         stage_fwd, stage_bwd = stage_fwd + sf[3], stage_bwd + sb[3]
@@ -128,7 +127,7 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
         sb.append(zero_s)
 
     def at_pace(one_value, values):
-        return np.where(single, one_value, np.choose(pace, np.broadcast_arrays(*values, pace)[:3]))
+        return np.where(single, one_value, _by_stage(at, values))
 
     stage_rec = rec_compute * at_pace(T["one_dense"], [c[0] for c in counts])
     if moe:
@@ -189,6 +188,13 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     return out
 
 
+def _by_stage(at: tuple[np.ndarray, np.ndarray], values: list) -> np.ndarray:
+    """The first, middle or last stage's value where `at` = (index == 0, index == 1) of a stage index: what
+    np.choose gives, by two wheres, which take the values broadcast (choose needs them copied to full size
+    first, and measured slower)."""
+    return np.where(at[0], values[0], np.where(at[1], values[1], values[2]))
+
+
 def _memory(workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, np.ndarray], zero: np.ndarray,
             rec: np.ndarray, e: int) -> dict[str, np.ndarray]:
     """memory.py over arrays: state bytes by ZeRO stage and shard group, activations by recompute mode and
@@ -232,9 +238,10 @@ def _memory(workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, 
               else [p * per_param + a for p, _, a in stages])
     totals[1] = np.where(T["has_middle"], totals[1], -np.inf)
     fullest = np.argmax(np.stack(np.broadcast_arrays(*totals)), axis=0)
+    at = (fullest == 0, fullest == 1)
 
     def pick(i: int) -> np.ndarray:
-        return np.where(single, one[i], np.choose(fullest, [np.broadcast_to(s[i], fullest.shape) for s in stages]))
+        return np.where(single, one[i], _by_stage(at, [s[i] for s in stages]))
 
     params, activations = pick(0), pick(2)
     weights, grads, optimizer = params * w, params * g, params * o
