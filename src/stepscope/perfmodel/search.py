@@ -154,22 +154,26 @@ def _shape_rows(gpus: int, space: SearchSpace, workload: Workload, n_layers: int
         raise UsageError(f"no (tp, pp, cp) in the search space divides {gpus} GPUs")
     # expert parallelism: powers of two up to the routed experts (1 for a dense model), within dp x cp
     eps = space.ep or tuple(2**i for i in range(n_experts.bit_length()) if 2**i <= n_experts) or (1,)
-    # the product of every dimension in numpy (C order: the stage option varies fastest), then the rows that
-    # exist kept: the uneven-stage options only where they split the layers, default expert-parallel sizes
-    # only where they divide dp x cp
+    # the product of every dimension (C order: the stage option varies fastest), only the rows that exist: the
+    # uneven-stage options only where they split the layers, default expert-parallel sizes only where they
+    # divide dp x cp. Both depend on the shape, the expert-parallel size and the option alone, so they are
+    # decided on that small table and the kept rows of the product numbered directly, without building it.
     shape = np.array(shapes, dtype=np.int64)
-    axes = [np.arange(len(shapes)), np.array(mbs), np.array(space.interleave), np.array(space.sequence_parallel,
-            dtype=np.int64), np.array(space.shard_group), np.array(eps), np.arange(3)]
-    grid = [a.reshape(-1) for a in np.meshgrid(*axes, indexing="ij")]
-    i, mb, v, sp, shard, ep, option = grid
-    tp, pp, cp, dp = (shape[i, k] for k in range(4))
-    first, last = _uneven_stages(pp, n_layers, option)
-    keep = (option == 0) | (space.uneven_stages & (first > 0))
+    eps_a, options = np.array(eps), np.arange(3)
+    first3, last3 = _uneven_stages(shape[:, 1:2], n_layers, options[None, :])  # (shape, option)
+    keep = ((options == 0) | (space.uneven_stages & (first3 > 0)))[:, None, :]  # (shape, ep, option)
     if not space.ep:  # given values meet the rules (and their count)
-        keep &= (dp * cp) % ep == 0
-    return _Rows(tp=tp[keep], pp=pp[keep], cp=cp[keep], dp=dp[keep], micro_batch=mb[keep], interleave=v[keep],
-                 sequence_parallel=sp[keep].astype(bool), first_stage_layers=first[keep],
-                 last_stage_layers=last[keep], shard_group=shard[keep], ep=ep[keep])
+        keep = keep & ((shape[:, 3] * shape[:, 2])[:, None] % eps_a == 0)[:, :, None]
+    sizes = (len(shapes), len(mbs), len(space.interleave), len(space.sequence_parallel), len(space.shard_group),
+             len(eps), 3)
+    kept = np.broadcast_to(keep[:, None, None, None, None], sizes)
+    i, mb, v, sp, shard, ep, option = np.unravel_index(np.flatnonzero(kept), sizes)
+    tp, pp, cp, dp = (shape[i, k] for k in range(4))
+    return _Rows(tp=tp, pp=pp, cp=cp, dp=dp, micro_batch=np.array(mbs, dtype=np.int64)[mb],
+                 interleave=np.array(space.interleave, dtype=np.int64)[v],
+                 sequence_parallel=np.array(space.sequence_parallel, dtype=bool)[sp],
+                 first_stage_layers=first3[i, option], last_stage_layers=last3[i, option],
+                 shard_group=np.array(space.shard_group, dtype=np.int64)[shard], ep=eps_a[ep])
 
 
 def _uneven_stages(pp: np.ndarray, n_layers: int, option: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -73,7 +73,7 @@ def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int,
     g_tp, g_ep = key[3], key[4]
     layout = {"tp": g_tp, "ep": g_ep}
     out = dict.fromkeys(FIELDS, 0.0)
-    for short, (total, window, comms) in zip(("fwd", "bwd"), ops[0]):
+    for short, (total, window, comms) in zip(("fwd", "bwd"), ops[0], strict=True):
         out[short] = total
         for comm, compute_s in comms:
             seconds = collective_time(comm.kind, comm.bytes, comm.size, layout[comm.group], system.network)
@@ -83,7 +83,7 @@ def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int,
                 out[f"{comm.group}_{short}"] += exposed(seconds, compute_s, overlap and comm.overlappable)
         if ep_overlap:  # evaluate.direction_span: the all-to-alls behind the block's GEMMs
             out[f"ep_{short}"] = max(0.0, out[f"ep_{short}"] - window)
-    out.update(zip(("params", "expert_params", "fp8_params", "saved", "saved_max", "flops"), ops[1]))
+    out.update(zip(("params", "expert_params", "fp8_params", "saved", "saved_max", "flops"), ops[1], strict=True))
     return tuple(out[name] for name in FIELDS)
 
 
