@@ -314,9 +314,9 @@ def _scalar(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def _rounded_speed(out: dict[str, np.ndarray]) -> np.ndarray:
+def _rounded_speed(speed: np.ndarray) -> np.ndarray:
     """tokens/s as plans are compared: equal to 6 decimals is a tie (one answer, see `search`)."""
-    return np.round(out["tokens_per_s"], 6)
+    return np.round(speed, 6)
 
 
 def _top(cands: Candidates, out: dict[str, np.ndarray], ok: np.ndarray, k: int):
@@ -327,14 +327,15 @@ def _top(cands: Candidates, out: dict[str, np.ndarray], ok: np.ndarray, k: int):
     among the k best of every chunk that holds it."""
     index = np.nonzero(ok)[0]
     plans = out["plans"][index] if "plans" in out else np.ones(len(index), dtype=np.int64)
-    speed, memory = _rounded_speed(out)[index], np.round(out["mem_GiB"][index], 9)
+    # rounded after selecting the feasible ones: the same values, without rounding the infeasible half
+    speed, memory = _rounded_speed(out["tokens_per_s"][index]), np.round(out["mem_GiB"][index], 9)
     # only candidates at or above the k-th best distinct speed can be among the k best answers; every speed
     # above the minimum of the best m is among them, so their k-th distinct one is the overall one
     m = min(4 * k, len(speed))
     distinct = np.unique(speed[np.argpartition(-speed, m - 1)[:m]])
     if len(distinct) < k:  # heavy ties: look at every distinct speed
         distinct = np.unique(speed)
-    if len(distinct) > k:
+    if len(distinct) >= k:  # (the k best speeds tied among themselves still leave out the slower rest)
         near_top = speed >= distinct[-k]
         index, plans, speed, memory = index[near_top], plans[near_top], speed[near_top], memory[near_top]
     order = np.lexsort((cands.placement[index], cands.recompute[index], cands.zero[index], memory, -speed))
