@@ -24,14 +24,15 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import UsageError
+from stepscope.perfmodel.allocator import keep_freed_memory
 from stepscope.perfmodel.candidates import PLACEMENTS, Candidates, canonical_placements, members_per_domain
 from stepscope.perfmodel.vectorized import evaluate_many
 from stepscope.spec import ModelSpec, Workload
 from stepscope.spec.plan import CONSTRAINTS, DIMENSIONS, RECOMPUTE, Facts, ParallelPlan
 from stepscope.spec.system import SystemSpec
 
-# Candidates per evaluation chunk: small enough that numpy's temporaries (128 KiB) stay in the allocator's
-# heap instead of fresh mmaps, whose page faults otherwise cost more system time than the arithmetic.
+# Candidates per evaluation chunk: large enough that the Python between array operations is amortized, small
+# enough for the temporaries (512 KiB) to stay in cache; `keep_freed_memory` keeps them off fresh mmaps.
 CHUNK = 1 << 16
 MEMORY_RULE = "memory fits the device"
 
@@ -210,6 +211,7 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
     """Every valid plan of `space` on `gpus` GPUs, evaluated on `threads` threads; the `top_k` feasible
     ones by tokens/s. `progress(done, total)` is called after every chunk."""
     workload.check_fits(spec.context_length)
+    keep_freed_memory()  # the chunks' temporaries reused, not re-mapped (allocator.py)
     start = time.perf_counter()
     rows = _shape_rows(gpus, space, workload, spec.n_layers, spec.n_experts)
     facts = Facts.of(spec, workload.batch, workload.seq)
