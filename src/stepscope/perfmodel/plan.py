@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.errors import UsageError
+from stepscope.perfmodel.allocator import keep_freed_memory
 from stepscope.perfmodel.runs import DEFAULT_SYSTEM, RunRecords, SystemLike, system_of
 from stepscope.perfmodel.search import SearchResult, SearchSpace, search
 from stepscope.spec import ModelSpec, Workload
@@ -90,6 +91,8 @@ def run_plan(config: PlanConfig, out: str | os.PathLike | None = None, *,
     workload.check_fits(spec.context_length)
     system.accelerator.matrix_peak(workload.precision)  # the precision must exist on the system
     records = RunRecords(out, "plan")
+    # process-wide, so here in the command's function rather than in `search`, which library users may call
+    keep_freed_memory()  # the search chunks' temporaries reused, not re-mapped (allocator.py)
     result = search(spec, workload, system, config.gpus, config.space, top_k=config.top, threads=config.threads,
                     progress=progress)
     for rank, (plan, m) in enumerate(result.top, 1):

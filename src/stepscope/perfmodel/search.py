@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.allocator import keep_freed_memory
 from stepscope.perfmodel.candidates import PLACEMENTS, Candidates, canonical_placements, members_per_domain
 from stepscope.perfmodel.vectorized import evaluate_many
 from stepscope.spec import ModelSpec, Workload
@@ -211,7 +210,6 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
     """Every valid plan of `space` on `gpus` GPUs, evaluated on `threads` threads; the `top_k` feasible
     ones by tokens/s. `progress(done, total)` is called after every chunk."""
     workload.check_fits(spec.context_length)
-    keep_freed_memory()  # the chunks' temporaries reused, not re-mapped (allocator.py)
     start = time.perf_counter()
     rows = _shape_rows(gpus, space, workload, spec.n_layers, spec.n_experts)
     facts = Facts.of(spec, workload.batch, workload.seq)
