@@ -138,3 +138,19 @@ def test_moe_dataset_rows_reproduce_their_published_rates():
     rows = validate(dataset="moe_runs")
     assert len(rows) == len(runs) and all(math.isfinite(r.error) for r in rows)
     assert median_abs_error(rows) > 0
+
+
+def test_calibration_counts_the_moe_blocks_the_prediction_counts():
+    """calibrate fits its curve to the ops of every block; an MoE model's routed and shared experts must be
+    among them (a fit that saw only dense MLPs put its efficiency at the cap and still missed by 25%)."""
+    from stepscope.perfmodel.calibrate import _terms
+    from stepscope.perfmodel.records import StepPoint
+
+    spec = get_preset("tiny-moe")
+    workload = Workload(batch=2, seq=64, precision="fp32", mode="fwd-bwd")
+    point = StepPoint(model=spec, workload=workload, attention="naive", phases={"forward": 1.0, "backward": 2.0},
+                      gemm_flops_per_s=1e11, host="h", threads=1)
+    terms = _terms(point)
+    forward = sum(cost.model_flops * n for kind, cost, n in terms["forward"] if kind in ("matrix", "attention"))
+    tokens = workload.batch * workload.seq
+    assert forward == pytest.approx(tokens * spec.forward_flops_per_token(workload.seq), rel=1e-9)

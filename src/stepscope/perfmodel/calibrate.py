@@ -27,7 +27,8 @@ import numpy as np
 
 from stepscope.errors import UsageError
 from stepscope.perfmodel.calibrate_fit import SCALARS, PhaseModel, Terms, constrained_knots, fit, tie_matrix
-from stepscope.perfmodel.ops import Cost, Geometry, attention_ops, embedding_ops, head_ops, layer_ops
+from stepscope.perfmodel.memory import layer_kinds
+from stepscope.perfmodel.ops import Cost, Geometry, attention_ops, embedding_ops, head_ops
 from stepscope.perfmodel.records import AttentionPoint, CommPoint, RecordSet, StepPoint
 from stepscope.perfmodel.timing import OPTIMIZER_FLOPS_PER_PARAM, optimizer_bytes_per_param
 from stepscope.spec import ModelSpec, bytes_per_element
@@ -70,10 +71,13 @@ def _terms(point: StepPoint) -> dict[str, Terms]:
     spec, workload = point.model, point.workload
     g = Geometry(micro_batch=workload.batch, seq=workload.seq, act_bytes=bytes_per_element(workload.precision),
                  flash_attention=point.fused_attention)
-    layer, extra = layer_ops(spec, g), embedding_ops(spec, g) + head_ops(spec, g)
-    out = {"forward": [(op.kind, op.forward, float(spec.n_layers)) for op in layer]
-           + [(op.kind, op.forward, 1.0) for op in extra],
-           "backward": [(op.kind, op.backward, float(spec.n_layers)) for op in layer]
+    # the same blocks the prediction counts: dense ones, then (Mixture-of-Experts models) the MoE ones
+    dense_ops, moe_ops = layer_kinds(spec, g)
+    blocks = [(op, float(spec.n_layers - spec.moe_layers)) for op in dense_ops]
+    blocks += [(op, float(spec.moe_layers)) for op in moe_ops]
+    extra = embedding_ops(spec, g) + head_ops(spec, g)
+    out = {"forward": [(op.kind, op.forward, n) for op, n in blocks] + [(op.kind, op.forward, 1.0) for op in extra],
+           "backward": [(op.kind, op.backward, n) for op, n in blocks]
            + [(op.kind, op.backward, 1.0) for op in extra]}
     if "optimizer" in point.phases:
         from stepscope.perfmodel.evaluate import param_tensors
@@ -82,7 +86,8 @@ def _terms(point: StepPoint) -> dict[str, Terms]:
         grad = bytes_per_element(workload.precision)
         out["optimizer"] = [("vector", Cost(flops=OPTIMIZER_FLOPS_PER_PARAM * params,
                                             bytes=params * optimizer_bytes_per_param(workload.precision, grad),
-                                            kernels=param_tensors(spec, spec.n_layers, True, True)), 1.0)]
+                                            kernels=param_tensors(spec, spec.n_layers - spec.moe_layers, True, True,
+                                                                     spec.moe_layers)), 1.0)]
     return out
 
 
