@@ -30,6 +30,7 @@ from stepscope.perfmodel.calibrate_fit import SCALARS, PhaseModel, Terms, constr
 from stepscope.perfmodel.memory import layer_kinds
 from stepscope.perfmodel.ops import Cost, Geometry, attention_ops, embedding_ops, head_ops
 from stepscope.perfmodel.records import AttentionPoint, CommPoint, RecordSet, StepPoint
+from stepscope.perfmodel.tensors import param_tensors
 from stepscope.perfmodel.timing import OPTIMIZER_FLOPS_PER_PARAM, optimizer_bytes_per_param
 from stepscope.spec import ModelSpec, bytes_per_element
 from stepscope.spec.system import Accelerator, NetworkTier, SystemSpec
@@ -80,8 +81,6 @@ def _terms(point: StepPoint) -> dict[str, Terms]:
            "backward": [(op.kind, op.backward, n) for op, n in blocks]
            + [(op.kind, op.backward, 1.0) for op in extra]}
     if "optimizer" in point.phases:
-        from stepscope.perfmodel.evaluate import param_tensors
-
         params = spec.param_count()
         grad = bytes_per_element(workload.precision)
         out["optimizer"] = [("vector", Cost(flops=OPTIMIZER_FLOPS_PER_PARAM * params,

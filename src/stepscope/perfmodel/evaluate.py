@@ -19,6 +19,7 @@ from stepscope.perfmodel.collectives import collective_time, members_per_domain,
 from stepscope.perfmodel.memory import GiB, Memory, grad_bytes, layer_kinds, memory, stage_params
 from stepscope.perfmodel.ops import Geometry, Op, activation_precision, embedding_ops, head_ops
 from stepscope.perfmodel.stages import Stage, pipeline_stages
+from stepscope.perfmodel.tensors import param_tensors
 from stepscope.perfmodel.timing import (
     DEFAULT_BUCKET_MIB,
     bubble,
@@ -152,24 +153,6 @@ def direction_span(ops: Sequence[Op], direction: str, system: SystemSpec, precis
     if ep_overlap:
         ep = max(0.0, ep - window)
     return Span(compute, tp, cp, ep)
-
-
-def param_tensors(spec: ModelSpec, layers: int, embedding: bool, head: bool, moe_layers: int = 0) -> int:
-    """Number of parameter tensors on a stage of `layers` dense and `moe_layers` MoE blocks (the optimizer
-    launches about one pass per tensor; the local experts' weights as two grouped tensors, as Megatron-Core's
-    GroupedMLP holds them)."""
-    norm = 2 if spec.norm == "layer" else 1
-    attention = 2 * (2 if spec.attn_bias else 1)
-    mlp = 2 * (2 if spec.mlp_bias else 1)
-    per_layer = 2 * norm + attention + mlp
-    count = layers * per_layer
-    if moe_layers:
-        count += moe_layers * (2 * norm + attention + 1 + mlp + (mlp if spec.n_shared_experts else 0))
-    if embedding:
-        count += 1 + (spec.positions == "learned")
-    if head:
-        count += norm + (0 if spec.tie_embeddings else 1)
-    return count
 
 
 def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: SystemSpec, *,

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from stepscope.errors import UsageError
 from stepscope.perfmodel.candidates import PLACEMENTS, Candidates, canonical_placements, members_per_domain
+from stepscope.perfmodel.search_top import merge_answers, scalar, top_answers
 from stepscope.perfmodel.vectorized import evaluate_many
 from stepscope.spec import ModelSpec, Workload
 from stepscope.spec.plan import CONSTRAINTS, DIMENSIONS, RECOMPUTE, Facts, ParallelPlan
@@ -272,7 +272,7 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
         ok = out["feasible"]
         i = int(np.argmin(out["mem_GiB"]))
         smallest = (float(out["mem_GiB"][i]), cands.subset([i]), {name: v[[i]] for name, v in out.items()})
-        return len(cands), int(ok.sum()), _top(cands, out, ok, top_k) if ok.any() else None, smallest
+        return len(cands), int(ok.sum()), top_answers(cands, out, ok, top_k) if ok.any() else None, smallest
 
     evaluated = feasible = 0
     best: list[tuple] = []
@@ -285,7 +285,7 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
             evaluated += n
             feasible += n_ok
             if chunk_top is not None:
-                best = [_merge(best + [chunk_top], top_k)]
+                best = [merge_answers(best + [chunk_top], top_k)]
             if closest is None or smallest[0] < closest[0]:
                 closest = smallest
             if progress:
@@ -299,60 +299,12 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
         # same groups on the same links) are one answer: the simpler plan stands for them, the rest are counted
         _, _, cands, out = best[0]
         for i in range(min(top_k, len(out["plans"]))):
-            metrics = {k: _scalar(v[i]) for k, v in out.items() if k != "plans"}
+            metrics = {k: scalar(v[i]) for k, v in out.items() if k != "plans"}
             top.append((cands.plan(i), {**metrics, "equivalent_plans": int(out["plans"][i]) - 1}))
     near = None
     if not top and closest is not None:
-        near = (closest[1].plan(0), {k: _scalar(v[0]) for k, v in closest[2].items()})
+        near = (closest[1].plan(0), {k: scalar(v[0]) for k, v in closest[2].items()})
         examples[MEMORY_RULE] = (f"the smallest plan needs {closest[0]:.1f} GiB per GPU of "
                                  f"{system.accelerator.capacity_bytes / 2**30:.1f} GiB")
     return SearchResult(top=top, evaluated=evaluated, feasible=feasible, rejected=rejected, examples=examples,
                         enumerate_s=enumerate_s, evaluate_s=evaluate_s, closest=near)
-
-
-def _scalar(value: Any) -> Any:
-    return value.item() if hasattr(value, "item") else value
-
-
-def _rounded_speed(speed: np.ndarray) -> np.ndarray:
-    """tokens/s as plans are compared: equal to 6 decimals is a tie (one answer, see `search`)."""
-    return np.round(speed, 6)
-
-
-def _top(cands: Candidates, out: dict[str, np.ndarray], ok: np.ndarray, k: int):
-    """The k best distinct answers among the `ok` candidates, best first (by speed, then memory): one
-    representative each, the simplest plan of its ties (lowest ZeRO stage, recompute mode, placement), and in
-    out["plans"] how many candidates it stands for. Applied per chunk and again to merged lists, it gives
-    the k best answers of the whole search with complete tie counts: an answer among the k best overall is
-    among the k best of every chunk that holds it."""
-    index = np.nonzero(ok)[0]
-    plans = out["plans"][index] if "plans" in out else np.ones(len(index), dtype=np.int64)
-    # rounded after selecting the feasible ones: the same values, without rounding the infeasible half
-    speed, memory = _rounded_speed(out["tokens_per_s"][index]), np.round(out["mem_GiB"][index], 9)
-    # only candidates at or above the k-th best distinct speed can be among the k best answers; every speed
-    # above the minimum of the best m is among them, so their k-th distinct one is the overall one
-    m = min(4 * k, len(speed))
-    distinct = np.unique(speed[np.argpartition(-speed, m - 1)[:m]])
-    if len(distinct) < k:  # heavy ties: look at every distinct speed
-        distinct = np.unique(speed)
-    if len(distinct) >= k:  # (the k best speeds tied among themselves still leave out the slower rest)
-        near_top = speed >= distinct[-k]
-        index, plans, speed, memory = index[near_top], plans[near_top], speed[near_top], memory[near_top]
-    order = np.lexsort((cands.placement[index], cands.recompute[index], cands.zero[index], memory, -speed))
-    index, plans, speed, memory = index[order], plans[order], speed[order], memory[order]
-    first = np.ones(len(index), dtype=bool)
-    first[1:] = (speed[1:] != speed[:-1]) | (memory[1:] != memory[:-1])
-    counts = np.bincount(np.cumsum(first) - 1, weights=plans).astype(np.int64)
-    chosen = index[first][:k]
-    kept = {key: value[chosen] for key, value in out.items() if key != "plans"}
-    kept["plans"] = counts[:k]
-    return (0.0, 0, cands.subset(chosen), kept)
-
-
-def _merge(parts: Sequence[tuple], k: int):
-    """Keep the k best of several partial top lists."""
-    from stepscope.perfmodel.candidates import concatenate
-
-    cands = concatenate([p[2] for p in parts])
-    out = {key: np.concatenate([p[3][key] for p in parts]) for key in parts[0][3]}
-    return _top(cands, out, np.ones(len(cands), dtype=bool), k)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.perfmodel.candidates import Candidates
-from stepscope.perfmodel.evaluate import param_tensors
 from stepscope.perfmodel.machine import Machine
 from stepscope.perfmodel.ops import (
     FP8_CAST_BYTES,
@@ -24,6 +23,7 @@ from stepscope.perfmodel.ops import (
     VECTOR_FLOPS,
     activation_precision,
 )
+from stepscope.perfmodel.tensors import param_tensors
 from stepscope.perfmodel.timing import OPTIMIZER_FLOPS_PER_PARAM, optimizer_bytes_per_param
 from stepscope.perfmodel.vectorized_moe import attention_tp, expert_dp_terms, moe_block_terms
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
