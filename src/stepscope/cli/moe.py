@@ -5,6 +5,7 @@ all-to-all against expert compute. The work and the record: `stepscope.distribut
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 from stepscope.cli.options import (
     add_config_option,
@@ -31,7 +32,7 @@ DESCRIPTION = ("Run one MoE layer of a preset with its routed experts spread ove
 def add_options(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, default="tiny-moe")
     group = parser.add_argument_group("expert parallelism")
-    option = lambda *a, **k: add_config_option(group, EPConfig, *a, **k)  # noqa: E731 - one line per option
+    option = partial(add_config_option, group, EPConfig)
     option("--ep", "expert-parallel ranks (each owns n_experts / ep experts)")
     option("--tokens", "tokens per rank per call")
     option("--warmup", "untimed calls")

@@ -84,11 +84,7 @@ def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
     ops.append(_grouped("expert_up", routed, h, up, local * h * up, e, params=local * (h * up + bias_up),
                         saved=routed * h * g.gemm_input_bytes, fwd_comms=gather, bwd_comms=scatter, fp8=g.fp8))
     hidden = routed * fe / t
-    if gated:
-        ops.append(_vector("expert_swiglu", "moe", "swiglu", hidden, 3 * hidden * e, saved=2 * hidden * e,
-                           kernels=2))
-    else:
-        ops.append(_vector("expert_gelu", "moe", "gelu", hidden, 2 * hidden * e, saved=hidden * e))
+    ops.append(_activation("expert", hidden, e, gated))
     ops.append(_grouped("expert_down", routed, fe / t, h, local * fe / t * h, e,
                         params=local * (fe / t * h + bias_down), saved=hidden * g.gemm_input_bytes,
                         fwd_comms=scatter, bwd_comms=gather, fp8=g.fp8))
@@ -122,11 +118,7 @@ def _shared_experts(spec: ModelSpec, g: Geometry) -> list[Op]:
     ops = [_matrix("shared_up", "moe", tokens, h, up, e, params=h * up + bias_up,
                    saved=sharded * h * g.gemm_input_bytes, fwd_comms=entry_fwd, bwd_comms=entry_bwd, fp8=g.fp8)]
     hidden = tokens * f / t
-    if gated:
-        ops.append(_vector("shared_swiglu", "moe", "swiglu", hidden, 3 * hidden * e, saved=2 * hidden * e,
-                           kernels=2))
-    else:
-        ops.append(_vector("shared_gelu", "moe", "gelu", hidden, 2 * hidden * e, saved=hidden * e))
+    ops.append(_activation("shared", hidden, e, gated))
     ops.append(_matrix("shared_down", "moe", tokens, f / t, h, e, params=f / t * h + bias_down,
                        saved=hidden * g.gemm_input_bytes, fwd_comms=exit_fwd, bwd_comms=exit_bwd, fp8=g.fp8))
     return ops
@@ -135,3 +127,11 @@ def _shared_experts(spec: ModelSpec, g: Geometry) -> list[Op]:
 def moe_layer_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
     """All ops of one MoE transformer block: the attention block, then the MoE block."""
     return attention_block(spec, g) + moe_block(spec, g)
+
+
+def _activation(prefix: str, hidden: float, e: int, gated: bool) -> Op:
+    """The experts' activation over `hidden` elements: SwiGLU reads gate and up and writes one (two kernels),
+    GELU reads and writes one."""
+    if gated:
+        return _vector(f"{prefix}_swiglu", "moe", "swiglu", hidden, 3 * hidden * e, saved=2 * hidden * e, kernels=2)
+    return _vector(f"{prefix}_gelu", "moe", "gelu", hidden, 2 * hidden * e, saved=hidden * e)
