@@ -87,3 +87,27 @@ def test_a_missing_path_is_one_line_and_exit_2(cli, tmp_path, args, message):
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and real(message) in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing was written
+
+
+def test_a_ctrl_c_wrapped_by_an_import_is_still_an_interruption(monkeypatch, capsys):
+    """Ctrl-C while a lazily imported module defines a class (rich.console did) reaches the command as
+    `RuntimeError: Error calling __set_name__` caused by the KeyboardInterrupt: exit 130, no traceback."""
+    import stepscope.cli.models as models
+    from stepscope.cli.main import main
+
+    def interrupted_import(args):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as ctrl_c:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance") from ctrl_c
+
+    monkeypatch.setattr(models, "run", interrupted_import)
+    assert main(["models"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+
+    def crash(args):
+        raise RuntimeError("a real bug")
+
+    monkeypatch.setattr(models, "run", crash)
+    with pytest.raises(RuntimeError, match="a real bug"):
+        main(["models"])

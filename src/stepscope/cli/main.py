@@ -65,10 +65,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(error.details.rstrip(), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("stepscope: interrupted; finished points are kept in the record store", file=sys.stderr)
-        return 130
+        return _interrupted()
     except BrokenPipeError:
         return 0
+    except Exception as error:
+        # a Ctrl-C inside an import can surface wrapped (a class body raising it under `__set_name__` becomes
+        # "RuntimeError: Error calling __set_name__"); it is still the user's Ctrl-C, not a crash
+        if _caused_by_ctrl_c(error):
+            return _interrupted()
+        raise
+
+
+def _interrupted() -> int:
+    print("stepscope: interrupted; finished points are kept in the record store", file=sys.stderr)
+    return 130
+
+
+def _caused_by_ctrl_c(error: BaseException) -> bool:
+    """True when a KeyboardInterrupt is among the errors that led to `error`."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def entry_point() -> NoReturn:
