@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from stepscope.errors import UsageError
 from stepscope.nn import TransformerLM, lm_loss
 from stepscope.nn.moe import MoE, Router
 from stepscope.nn.transformer import MLP
@@ -134,3 +135,33 @@ def test_training_flops_equal_the_spec_formula():
         loss = lm_loss(model(tokens[:, :-1]), tokens[:, 1:]) + 0.01 * model.aux_loss
         loss.backward()
     assert counter.get_total_flops() == 2 * 16 * spec.flops_per_token(16, causal=False)
+
+
+@pytest.mark.parametrize("router_kind", ["softmax", "sigmoid"])
+def test_group_limited_routing_keeps_each_token_in_its_best_groups(router_kind):
+    """With 8 experts in 4 groups and 2 groups per token, a token's top-3 lie in at most 2 groups, and those are
+    the groups whose two best scores sum highest; without the limit some token spreads over 3 groups."""
+    torch.manual_seed(0)
+    spec = get_preset("tiny-moe", n_experts=8, experts_per_token=3, router=router_kind)
+    free = Router(spec)
+    limited = Router(spec.replace(expert_groups=4, groups_per_token=2))
+    limited.load_state_dict(free.state_dict())
+    x = torch.randn(256, spec.d_model)
+    groups = limited(x).experts // 2
+    assert max(len(set(row.tolist())) for row in groups) <= 2
+    assert max(len(set(row.tolist())) for row in free(x).experts // 2) == 3
+    logits = limited.gate(x).float()
+    scores = logits.softmax(-1) if router_kind == "softmax" else logits.sigmoid()
+    best = scores.view(256, 4, 2).sum(-1).topk(2, dim=-1).indices.sort(-1).values
+    for row, allowed in zip(groups, best, strict=True):
+        assert set(row.tolist()) <= set(allowed.tolist())
+
+
+def test_group_limited_routing_rules():
+    spec = get_preset("tiny-moe")
+    for changes, message in (({"expert_groups": 3}, "does not divide n_experts"),
+                             ({"expert_groups": 2, "groups_per_token": 3}, "groups_per_token must be in"),
+                             ({"groups_per_token": 1}, "needs expert_groups"),
+                             ({"expert_groups": 4, "groups_per_token": 1, "experts_per_token": 2}, "exceeds")):
+        with pytest.raises(UsageError, match=message):
+            spec.replace(**changes)

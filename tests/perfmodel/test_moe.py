@@ -6,7 +6,7 @@ import math
 import pytest
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.collectives import all_to_all, collective_time
+from stepscope.perfmodel.collectives import all_to_all, collective_time, dispatch, reachable_domains
 from stepscope.perfmodel.evaluate import evaluate, geometry
 from stepscope.perfmodel.memory import layer_kinds
 from stepscope.perfmodel.ops import Geometry, embedding_ops, head_ops
@@ -68,6 +68,43 @@ def test_all_to_all_cost_follows_the_nccl_tests_factor_and_the_tiers():
                                    + 56 / 64 * size / net.inter.bytes_per_s + net.inter.latency_s)
     assert spread > one_domain
     assert collective_time("all-to-all", size, 1, 1, net) == 0.0
+
+
+def test_deduplicated_dispatch_by_hand():
+    """DeepEP-style dispatch of S bytes (one copy of each token) to k = 8 experts over 64 ranks, 8 per node:
+    without group limit a token reaches 8·(1 − (7/8)^8) of the 8 nodes, 7/8 of them remote, over the NIC; with
+    DeepSeek-V3's 4 of 8 groups (one per node) 4·(1 − (3/4)^8); the NVLink fan-out of 7/8 of the 8 copies runs
+    alongside; inside one node it is the all-to-all of the 8 copies."""
+    net = H100.network
+    size = 64 * 2**20
+    free = 8 * (1 - (7 / 8) ** 8) * 7 / 8 * size / net.inter.bytes_per_s + net.inter.latency_s
+    assert dispatch(size, 64, 8, net, copies=8) == pytest.approx(free)
+    limited = 4 * (1 - (3 / 4) ** 8) * 7 / 8 * size / net.inter.bytes_per_s + net.inter.latency_s
+    assert dispatch(size, 64, 8, net, copies=8, reach=(8, 4)) == pytest.approx(limited)
+    assert limited < free < all_to_all(8 * size, 64, 8, net)
+    assert dispatch(size, 8, 8, net, copies=8) == pytest.approx(all_to_all(8 * size, 8, 8, net))
+    assert collective_time("dispatch", size, 64, 8, net, 8, (8, 4)) == pytest.approx(limited)
+    # groups over nodes: 8 groups on 16 nodes span 2 nodes each, 4 groups reach 8 nodes; on 4 nodes all 4
+    assert reachable_domains(16, 8, 4) == 8 and reachable_domains(4, 8, 4) == 4 and reachable_domains(16) == 16
+
+
+def test_deepep_dispatcher_sends_less_and_fp8_dispatch_halves_the_forward():
+    spec = get_preset("deepseek-v3-gqa")
+    g = Geometry(1, 4096, ep=64, dispatcher="deepep")
+    ops = {op.name: op for op in moe_block(spec, g)}
+    forward = ops["dispatch"].forward.comms[0]
+    assert (forward.kind, forward.copies, forward.reach) == ("dispatch", 8, (8, 4))
+    assert forward.bytes == 4096 * spec.d_model * 2  # one copy of each token
+    fp8 = {op.name: op for op in moe_block(spec, Geometry(1, 4096, ep=64, dispatcher="deepep", fp8_recipe="current"))}
+    assert fp8["dispatch"].forward.comms[0].bytes == forward.bytes / 2
+    assert fp8["combine"].forward.comms[0].bytes == forward.bytes == fp8["dispatch"].backward.comms[0].bytes
+    workload = Workload(batch=1024, seq=4096, precision="bf16", mode="train")
+    plan = ParallelPlan(dp=64, pp=16, ep=64, first_stage_layers=3, last_stage_layers=2, zero=1)
+    alltoall, deepep = (evaluate(spec, workload, plan.replace(dispatcher=d), H100) for d in ("alltoall", "deepep"))
+    assert 0 < deepep.breakdown["ep_comm"] < alltoall.breakdown["ep_comm"] / 2
+    assert deepep.breakdown["forward_compute"] == pytest.approx(alltoall.breakdown["forward_compute"])
+    with pytest.raises(UsageError, match="dispatcher must be one of"):
+        ParallelPlan(dispatcher="nccl")
 
 
 @pytest.mark.parametrize(("changes", "message"), [

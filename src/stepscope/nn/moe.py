@@ -7,6 +7,9 @@ expert implementations, the block.
 - Router `softmax` (Mixtral, Qwen3): softmax over the experts, top-k, the k weights renormalised to sum to 1.
   Router `sigmoid` (DeepSeek-V3): sigmoid scores; a bias buffer (not trained, moved by `balance_bias`) is
   added to the scores only to choose the top-k; the weights are the chosen scores, renormalised.
+  Group-limited routing (`expert_groups`, DeepSeek-V3's node-limited routing): the experts form equal
+  groups, a group scores the sum of its two best selection scores, and a token picks its top-k among the
+  experts of its best `groups_per_token` groups.
 - Capacity: with `capacity_factor` cf > 0 an expert takes at most ceil(cf x tokens x k / n_experts)
   assignments, first come first served in token order; the others are dropped (their routed output is 0,
   the residual and the shared experts still carry the token). cf = 0 is dropless.
@@ -82,6 +85,7 @@ class Router(nn.Module):
         super().__init__()
         self.n_experts, self.k, self.kind = spec.n_experts, spec.experts_per_token, spec.router
         self.capacity_factor = spec.capacity_factor
+        self.groups, self.groups_per_token = spec.expert_groups, spec.groups_per_token
         self.gate = nn.Linear(spec.d_model, spec.n_experts, bias=False)
         if self.kind == "sigmoid":
             # DeepSeek-V3's auxiliary-loss-free balancing bias: moves selection only, never trained
@@ -92,10 +96,11 @@ class Router(nn.Module):
         logits = self.gate(x).float()
         if self.kind == "softmax":
             probs = logits.softmax(dim=-1)
-            weights, experts = probs.topk(self.k, dim=-1)
+            experts = self.limit_groups(probs).topk(self.k, dim=-1).indices
+            weights = probs.gather(1, experts)
         else:
             scores = logits.sigmoid()
-            experts = (scores + self.bias).topk(self.k, dim=-1).indices
+            experts = self.limit_groups(scores + self.bias).topk(self.k, dim=-1).indices
             weights = scores.gather(1, experts)
             probs = scores / scores.sum(dim=-1, keepdim=True)
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -109,6 +114,17 @@ class Router(nn.Module):
         fraction = counts.float() / experts.numel()
         aux_loss = self.n_experts * (fraction * probs.mean(dim=0)).sum()
         return Routing(experts, weights, slot, keep, rows, aux_loss)
+
+    def limit_groups(self, selection: torch.Tensor) -> torch.Tensor:
+        """Selection scores (T, E) with the experts outside each token's best groups set to -inf (unchanged
+        without group-limited routing)."""
+        if not self.groups:
+            return selection
+        grouped = selection.view(selection.shape[0], self.groups, -1)
+        group_score = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
+        chosen = group_score.topk(self.groups_per_token, dim=-1).indices
+        allowed = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, chosen, True)
+        return grouped.masked_fill(~allowed.unsqueeze(-1), float("-inf")).view_as(selection)
 
     @torch.no_grad()
     def balance_bias(self, counts: torch.Tensor, rate: float = 1e-3) -> None:

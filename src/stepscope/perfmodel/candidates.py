@@ -60,6 +60,7 @@ class Candidates:
     """Expert-parallel group size (None: all 1)."""
     expert_imbalance: float = 1.0
     ep_overlap: bool = False
+    dispatcher: str = "alltoall"
     reshard_after_forward: bool = True
     fp8_recipe: str = "delayed"
     dropout: bool = False
@@ -114,7 +115,8 @@ class Candidates:
                             first_stage_layers=int(self.first_stage_layers[i]),
                             last_stage_layers=int(self.last_stage_layers[i]), shard_group=int(self.shard_group[i]),
                             reshard_after_forward=self.reshard_after_forward, fp8_recipe=self.fp8_recipe,
-                            ep=int(self.ep[i]), expert_imbalance=self.expert_imbalance, ep_overlap=self.ep_overlap)
+                            ep=int(self.ep[i]), expert_imbalance=self.expert_imbalance, ep_overlap=self.ep_overlap,
+                            dispatcher=self.dispatcher)
 
     @classmethod
     def from_plans(cls, plans: Sequence[ParallelPlan]) -> Candidates:
@@ -124,11 +126,11 @@ class Candidates:
 
         def switches(p: ParallelPlan) -> tuple:
             return (p.dropout, p.fp32_grads, p.dp_overlap, p.tp_overlap, p.reshard_after_forward, p.fp8_recipe,
-                    p.expert_imbalance, p.ep_overlap)
+                    p.expert_imbalance, p.ep_overlap, p.dispatcher)
 
         if any(switches(plan) != switches(first) for plan in plans):
             raise ValueError("plans must share dropout, fp32_grads, dp_overlap, tp_overlap, reshard_after_forward, "
-                             "fp8_recipe, expert_imbalance and ep_overlap")
+                             "fp8_recipe, expert_imbalance, ep_overlap and dispatcher")
 
         def ints(get) -> np.ndarray:
             return np.array([get(p) for p in plans], dtype=np.int64)
@@ -142,9 +144,9 @@ class Candidates:
                    first_stage_layers=ints(lambda p: p.first_stage_layers),
                    last_stage_layers=ints(lambda p: p.last_stage_layers), shard_group=ints(lambda p: p.shard_group),
                    ep=ints(lambda p: p.ep), expert_imbalance=first.expert_imbalance, ep_overlap=first.ep_overlap,
-                   reshard_after_forward=first.reshard_after_forward, fp8_recipe=first.fp8_recipe,
-                   dropout=first.dropout, fp32_grads=first.fp32_grads, dp_overlap=first.dp_overlap,
-                   tp_overlap=first.tp_overlap)
+                   dispatcher=first.dispatcher, reshard_after_forward=first.reshard_after_forward,
+                   fp8_recipe=first.fp8_recipe, dropout=first.dropout, fp32_grads=first.fp32_grads,
+                   dp_overlap=first.dp_overlap, tp_overlap=first.tp_overlap)
 
 
 def members_per_domain(sizes: np.ndarray, placement: np.ndarray, domain_size: int) -> dict[str, np.ndarray]:

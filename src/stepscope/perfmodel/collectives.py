@@ -13,6 +13,13 @@ the intra-domain part on NVLink and the inter-domain part on each GPU's own NIC 
   its own domain go over NVLink, the (n−g)/n·S for the others over its NIC, one after the other:
   (g−1)/n·S/B_intra + α_intra + (n−g)/n·S/B_inter + α_inter (a tier's α only where the group uses it); in
   one domain this is nccl-tests' (n−1)/n bus-bandwidth factor;
+- deduplicated dispatch (DeepEP, HybridEP: Megatron-Core's flex dispatcher; DeepSeek-V3 §3.2.2): a token
+  bound for k experts crosses the network once per destination domain and is fanned out there over NVLink.
+  With the EP group over N domains and routing limited to A of them (group-limited routing: M of G expert
+  groups, A = min(N, M·ceil(N/G))), a token reaches D = A·(1 − (1 − 1/A)^k) domains on average (k uniform
+  picks among A), D·(N−1)/N of them remote; S = the
+  rank's tokens, one copy each: max(D·(N−1)/N·S/B_inter + α_inter, k·(g−1)/g·S/B_intra + α_intra) (the two
+  tiers are pipelined: NVLink forwards what the NIC delivers); in one domain it is the all-to-all of k·S;
 - point-to-point: α + S/B on the tier joining the two ranks.
 B = tier bandwidth x tier efficiency (per GPU, unidirectional), α = tier latency.
 """
@@ -23,7 +30,7 @@ import math
 
 from stepscope.spec.system import Network
 
-KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "p2p")
+KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "dispatch", "p2p")
 
 
 def members_per_domain(size: int, stride: int, domain_size: int) -> int:
@@ -84,20 +91,53 @@ def all_to_all(nbytes: float, n: int, g: int, network: Network) -> float:
     return t + ((n - g) / n * nbytes / inter.bytes_per_s + inter.latency_s if n > g else 0.0)
 
 
+def reachable_domains(domains: int, groups: int = 0, groups_per_token: int = 0) -> int:
+    """Domains a token's experts may sit on: group-limited routing picks `groups_per_token` of `groups` equal
+    expert groups, each spread over ceil(domains / groups) domains of the EP group; all domains without it."""
+    if not groups:
+        return domains
+    return min(domains, groups_per_token * math.ceil(domains / groups))
+
+
+def domains_reached(copies: float, allowed: int) -> float:
+    """Mean distinct domains among `copies` uniform picks from `allowed` domains."""
+    return allowed * (1.0 - (1.0 - 1.0 / allowed) ** copies)
+
+
+def dispatch(nbytes: float, n: int, g: int, network: Network, copies: float = 1.0,
+             reach: tuple[int, int] = (0, 0)) -> float:
+    """Seconds for a deduplicating dispatch (or combine) of a rank's tokens (`nbytes`, one copy each) to
+    `copies` experts each over n ranks, g per domain; `reach` = (expert groups, groups per token) of
+    group-limited routing, (0, 0) without."""
+    if n <= 1:
+        return 0.0
+    domains = math.ceil(n / g)
+    if domains == 1:
+        return all_to_all(copies * nbytes, n, g, network)
+    remote = domains_reached(copies, reachable_domains(domains, *reach)) * (domains - 1) / domains
+    inter = remote * nbytes / network.inter.bytes_per_s + network.inter.latency_s
+    intra = copies * (g - 1) / g * nbytes / network.intra.bytes_per_s + (network.intra.latency_s if g > 1 else 0.0)
+    return max(inter, intra)
+
+
 def p2p(nbytes: float, same_domain: bool, network: Network) -> float:
     """Seconds to send `nbytes` from one rank to another."""
     tier = network.intra if same_domain else network.inter
     return tier.latency_s + nbytes / tier.bytes_per_s
 
 
-def collective_time(kind: str, nbytes: float, n: int, g: int, network: Network) -> float:
-    """Dispatch by kind (p2p: same domain when g >= 2, i.e. both ends share one)."""
+def collective_time(kind: str, nbytes: float, n: int, g: int, network: Network, copies: float = 1.0,
+                    reach: tuple[int, int] = (0, 0)) -> float:
+    """By kind (p2p: same domain when g >= 2, i.e. both ends share one; `copies` and `reach` are a
+    deduplicating dispatch's)."""
     if kind == "all-reduce":
         return all_reduce(nbytes, n, g, network)
     if kind in ("reduce-scatter", "all-gather"):
         return reduce_scatter(nbytes, n, g, network)
     if kind == "all-to-all":
         return all_to_all(nbytes, n, g, network)
+    if kind == "dispatch":
+        return dispatch(nbytes, n, g, network, copies, reach)
     if kind == "p2p":
         return p2p(nbytes, g >= 2, network)
     raise ValueError(f"unknown collective {kind!r}")

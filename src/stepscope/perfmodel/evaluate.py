@@ -111,7 +111,7 @@ def geometry(plan: ParallelPlan, workload: Workload) -> Geometry:
     fp8 = plan.fp8_recipe if workload.precision == "fp8" else None
     return Geometry(plan.micro_batch, workload.seq, bytes_per_element(activation_precision(workload.precision)),
                     plan.tp, plan.cp, plan.sequence_parallel, plan.flash_attention, plan.dropout, fp8, plan.ep,
-                    plan.expert_imbalance)
+                    plan.expert_imbalance, plan.dispatcher)
 
 
 def group_layout(plan: ParallelPlan, domain_size: int) -> dict[str, int]:
@@ -142,7 +142,7 @@ def direction_span(ops: Sequence[Op], direction: str, system: SystemSpec, precis
         if op.block == "moe" and op.kind == "matrix":
             window += timed.compute_s
         for comm in cost.comms:
-            seconds = collective_time(comm.kind, comm.bytes, comm.size, layout[comm.group], system.network)
+            seconds = comm.seconds(layout[comm.group], system.network)
             hidden = exposed(seconds, timed.compute_s, overlap and comm.overlappable)
             if comm.group == "cp":
                 cp += hidden

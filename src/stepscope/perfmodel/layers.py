@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepscope.perfmodel.collectives import collective_time
 from stepscope.perfmodel.evaluate import geometry, group_layout
 from stepscope.perfmodel.memory import layer_kinds
 from stepscope.perfmodel.ops import Cost, Op, activation_precision
@@ -62,7 +61,7 @@ def _row(op: Op, workload: Workload, plan: ParallelPlan, system: SystemSpec, lay
         memory += timed.memory_s
         total += timed.total_s
         for c in cost.comms:
-            seconds = collective_time(c.kind, c.bytes, c.size, layout[c.group], system.network)
+            seconds = c.seconds(layout[c.group], system.network)
             comm += seconds
             total += exposed(seconds, timed.compute_s, plan.tp_overlap and c.overlappable)
     weights = op.params * e

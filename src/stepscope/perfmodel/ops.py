@@ -28,7 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from stepscope.perfmodel.collectives import collective_time
 from stepscope.spec import ModelSpec
+from stepscope.spec.system import Network
 
 # Nominal elementwise FLOPs per element (what a vector unit does; not counted in MFU).
 VECTOR_FLOPS = {"norm": 5.0, "rope": 3.0, "softmax": 5.0, "dropout": 2.0, "residual": 1.0, "swiglu": 6.0,
@@ -49,7 +51,7 @@ class Collective:
     total (gathered) size for all-gather and reduce-scatter, message size for point-to-point."""
 
     kind: str
-    """all-reduce | reduce-scatter | all-gather | all-to-all | p2p."""
+    """all-reduce | reduce-scatter | all-gather | all-to-all | dispatch | p2p (`collectives.py`)."""
     bytes: float
     group: str
     """Which parallel dimension's group: tp | cp | dp | pp | ep."""
@@ -57,6 +59,14 @@ class Collective:
     """Ranks in the group."""
     overlappable: bool = True
     """May hide behind the op's own compute when the plan enables overlap."""
+    copies: float = 1.0
+    """A deduplicating dispatch's expert copies per token (`bytes` holds one copy of each token)."""
+    reach: tuple[int, int] = (0, 0)
+    """A dispatch's group-limited routing: (expert groups, groups per token); (0, 0) without."""
+
+    def seconds(self, g: int, network: Network) -> float:
+        """Time on a network where `g` of the group's ranks share a fast domain."""
+        return collective_time(self.kind, self.bytes, self.size, g, network, self.copies, self.reach)
 
 
 @dataclass(frozen=True)
@@ -131,6 +141,8 @@ class Geometry:
     """Expert-parallel group size (MoE blocks, `ops_moe.py`)."""
     expert_imbalance: float = 1.0
     """Tokens of the busiest expert-parallel rank / the mean (MoE blocks)."""
+    dispatcher: str = "alltoall"
+    """MoE token dispatcher (`spec.plan.DISPATCHERS`)."""
 
     @property
     def fp8(self) -> bool:

@@ -5,8 +5,9 @@ A MoE block replaces the MLP block of every layer after the model's `dense_layer
 MLP (expert-TP = tp; Megatron-Core's default, which also requires sequence parallelism when tp > 1):
 - the router (a d_model x n_experts GEMM, replicated over TP) scores the GPU's own `sharded_tokens`, then
   softmax/sigmoid, top-k and normalisation (one vector op over the scores);
-- dispatch: the k copies of each token are permuted into expert order (memory traffic) and sent by an
-  all-to-all over the EP group; forward dispatch and combine are two all-to-alls, their gradients two more;
+- dispatch: the k copies of each token are permuted into expert order (memory traffic) and sent over the EP
+  group, by all-to-all or deduplicated per node (`ParallelPlan.dispatcher`); forward dispatch and combine
+  are two exchanges, their gradients two more;
 - with tp > 1 the received tokens are all-gathered over the TP group (reduce-scattered back after the
   experts), as the dense MLP's sequence-parallel entry and exit, but with k times the tokens;
 - the expert GEMMs are grouped GEMMs over the n_experts / ep local experts: on average a GPU's experts
@@ -70,7 +71,7 @@ def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
     local = n / ep
     routed, sent = routed_tokens(spec, g)
     mask = 1 if g.dropout else 0
-    a2a = (Collective("all-to-all", sent * h * e, "ep", ep, overlappable=False),) if ep > 1 else ()
+    a2a_fwd, a2a_bwd, back_fwd = _exchanges(spec, g, sent)
     gather = (Collective("all-gather", routed * h * e, "tp", t),) if t > 1 else ()
     scatter = (Collective("reduce-scatter", routed * h * e, "tp", t),) if t > 1 else ()
     ops = [_vector("moe_norm", "moe", "norm", sharded * h, 2 * sharded * h * e, saved=sharded * h * e,
@@ -79,7 +80,7 @@ def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
            _vector("router_topk", "moe", "softmax", sharded * n, 2 * sharded * n * e, saved=sharded * n * e,
                    kernels=ROUTER_KERNELS),
            _vector("dispatch", "moe", "permute", sent * h, (sharded + sent) * h * e, kernels=PERMUTE_KERNELS,
-                   fwd_comms=a2a, bwd_comms=a2a)]
+                   fwd_comms=a2a_fwd, bwd_comms=a2a_bwd)]
     bias_up, bias_down = (up, h) if spec.mlp_bias else (0.0, 0.0)
     ops.append(_grouped("expert_up", routed, h, up, local * h * up, e, params=local * (h * up + bias_up),
                         saved=routed * h * g.gemm_input_bytes, fwd_comms=gather, bwd_comms=scatter, fp8=g.fp8))
@@ -89,7 +90,7 @@ def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
                         params=local * (fe / t * h + bias_down), saved=hidden * g.gemm_input_bytes,
                         fwd_comms=scatter, bwd_comms=gather, fp8=g.fp8))
     ops.append(_vector("combine", "moe", "combine", sent * h, (sent + sharded) * h * e, saved=sent * h * e,
-                       kernels=PERMUTE_KERNELS, fwd_comms=a2a, bwd_comms=a2a))
+                       kernels=PERMUTE_KERNELS, fwd_comms=back_fwd, bwd_comms=a2a_bwd))
     fp8_fwd = routed * h + local * h * up + hidden + local * fe / t * h
     fp8_bwd = routed * up + routed * h
     if spec.n_shared_experts:
@@ -104,6 +105,26 @@ def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
                        per_element=VECTOR_FLOPS["residual"] + (VECTOR_FLOPS["dropout"] if g.dropout else 0.0),
                        saved=sharded * h * mask))
     return ops
+
+
+def _exchanges(spec: ModelSpec, g: Geometry, sent: float) -> tuple[tuple[Collective, ...], ...]:
+    """The EP group's token exchanges: (forward dispatch, every backward one, forward combine). The `alltoall`
+    dispatcher sends the `sent` token copies by all-to-all; `deepep` sends each token once per domain holding
+    one of its experts (`collectives.dispatch`), the forward dispatch in fp8 when the GEMMs are fp8 (the
+    combine and the gradients stay 16-bit, as in DeepSeek-V3)."""
+    if g.ep <= 1:
+        return (), (), ()
+    h, e, k = spec.d_model, g.act_bytes, spec.experts_per_token
+    if g.dispatcher == "alltoall":
+        a2a = (Collective("all-to-all", sent * h * e, "ep", g.ep, overlappable=False),)
+        return a2a, a2a, a2a
+    reach = (spec.expert_groups, spec.groups_per_token)
+
+    def exchange(element_bytes: int) -> tuple[Collective, ...]:
+        return (Collective("dispatch", sent / k * h * element_bytes, "ep", g.ep, overlappable=False, copies=k,
+                           reach=reach),)
+
+    return exchange(1 if g.fp8 else e), exchange(e), exchange(e)
 
 
 def _shared_experts(spec: ModelSpec, g: Geometry) -> list[Op]:

@@ -11,6 +11,9 @@ Two datasets ship in `stepscope/data/validation/`:
   parallelism; stepscope models experts tensor-parallel like the dense MLP, so a row with etp != tp is
   predicted with etp = tp, which its notes say). DeepSeek-V3 rows use the `deepseek-v3-gqa` preset (GQA with
   MLA's weights, no multi-token prediction module).
+Optional columns name the software of a run where it differs from today's defaults: `flash` (no: the s x s
+scores are materialised, as in Megatron-LM before 2023), `dropout` (yes: masks kept), `fp32_grads` (yes:
+Megatron's fp32 main_grad), `dispatcher` and `ep_overlap` (MoE token exchange, `ParallelPlan`).
 
 A source publishes a step time, tokens/s per GPU, TFLOP/s per GPU or MFU; each becomes a measured step
 time: as published, B·s / (tokens/s/GPU · GPUs), or the run's FLOPs / (rate · GPUs) with the FLOPs counted as
@@ -114,7 +117,9 @@ def _modern(row: dict[str, str], name: str) -> PublishedRun:
                         first_stage_layers=int(row["first_stage_layers"]),
                         last_stage_layers=int(row["last_stage_layers"]), fp8_recipe=row["fp8_recipe"] or "delayed",
                         tp_overlap=row["tp_overlap"] == "yes", ep=int(row.get("ep") or 1),
-                        ep_overlap=row.get("ep_overlap") == "yes")
+                        ep_overlap=row.get("ep_overlap") == "yes", dispatcher=row.get("dispatcher") or "alltoall",
+                        flash_attention=row.get("flash") != "no", dropout=row.get("dropout") == "yes",
+                        fp32_grads=row.get("fp32_grads") == "yes")
     gpus, metric, value = int(row["gpus"]), row["metric"], float(row["value"])
     convention = row["flops_convention"]
     flops = run_flops(model, workload, convention)

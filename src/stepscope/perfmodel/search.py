@@ -89,6 +89,8 @@ class SearchSpace:
     """Tokens of the busiest expert-parallel rank / the mean (`ParallelPlan.expert_imbalance`)."""
     ep_overlap: bool = False
     """All-to-alls hide behind the MoE blocks' GEMMs (`ParallelPlan.ep_overlap`)."""
+    dispatcher: str = "alltoall"
+    """MoE token dispatcher (`ParallelPlan.dispatcher`)."""
 
 
 @dataclass
@@ -266,7 +268,7 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
                            first_stage_layers=rows.first_stage_layers[r], last_stage_layers=rows.last_stage_layers[r],
                            shard_group=rows.shard_group[r], reshard_after_forward=space.reshard_after_forward,
                            fp8_recipe=space.fp8_recipe, ep=rows.ep[r], expert_imbalance=space.expert_imbalance,
-                           ep_overlap=space.ep_overlap,
+                           ep_overlap=space.ep_overlap, dispatcher=space.dispatcher,
                            layout={d: np.repeat(g[lo:hi], k) for d, g in layout.items()})
         out = evaluate_many(spec, workload, system, cands, group_size=k)
         ok = out["feasible"]

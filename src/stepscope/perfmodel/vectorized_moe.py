@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from stepscope.perfmodel.collectives import collective_time
 from stepscope.perfmodel.ops import Geometry
 from stepscope.perfmodel.ops_moe import moe_block
 from stepscope.perfmodel.timing import exposed, op_time
@@ -39,10 +38,10 @@ def _ops(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int, .
     """What of a block does not depend on where its groups sit: per direction, the ops' summed time, the
     GEMMs' compute (the window all-to-alls can hide behind) and each collective with the compute of its op;
     then the parameter, activation and FLOP sums. Blocks differing only in placement share it."""
-    act_bytes, precision, fp8_recipe, dropout, _, imbalance, _ = settings
+    act_bytes, precision, fp8_recipe, dropout, _, imbalance, _, dispatcher = settings
     tokens, t, ep, sp = key
     # a MoE block sees a micro-batch only through its tokens per GPU, b·s/cp (an integer: cp splits s evenly)
-    g = Geometry(tokens, 1, act_bytes, t, 1, bool(sp), True, dropout, fp8_recipe, ep, imbalance)
+    g = Geometry(tokens, 1, act_bytes, t, 1, bool(sp), True, dropout, fp8_recipe, ep, imbalance, dispatcher)
     ops = moe_block(spec, g)
     directions = []
     for direction in ("forward", "backward"):
@@ -76,7 +75,7 @@ def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int,
     for short, (total, window, comms) in zip(("fwd", "bwd"), ops[0], strict=True):
         out[short] = total
         for comm, compute_s in comms:
-            seconds = collective_time(comm.kind, comm.bytes, comm.size, layout[comm.group], system.network)
+            seconds = comm.seconds(layout[comm.group], system.network)
             if comm.group == "ep" and ep_overlap:
                 out[f"ep_{short}"] += seconds
             else:
@@ -90,7 +89,7 @@ def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int,
 def moe_block_terms(spec: ModelSpec, system: SystemSpec, settings: tuple, tokens: np.ndarray, tp: np.ndarray,
                     ep: np.ndarray, g_tp: np.ndarray, g_ep: np.ndarray, sp: np.ndarray) -> dict[str, np.ndarray]:
     """`FIELDS` as arrays, one element per plan of `tokens` (b·s/cp) per GPU. `settings`: (activation bytes,
-    activation precision, fp8 recipe or None, dropout, tp_overlap, expert_imbalance, ep_overlap), what every
+    activation precision, fp8 recipe or None, dropout, tp_overlap, expert_imbalance, ep_overlap, dispatcher), what every
     plan of the call shares."""
     cache_key = (id(spec), id(system), settings)
     if cache_key not in _TABLES:

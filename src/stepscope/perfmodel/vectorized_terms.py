@@ -220,9 +220,9 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
         first_d = np.minimum(dense_total, first_l)
         counts = {"first": (first_d, first_l - first_d), "mid": (zeros, mid_l), "last": (zeros, last_l)}
         block = moe_block_terms(spec, system, (e, act_precision, c.fp8_recipe if fp8 else None, c.dropout, overlap,
-                                               c.expert_imbalance, c.ep_overlap), c.micro_batch * (seq // c.cp), c.tp,
-                                c.ep, g_tp,
-                                np.minimum(c.ep, g_dp), c.sequence_parallel)
+                                               c.expert_imbalance, c.ep_overlap, c.dispatcher),
+                                c.micro_batch * (seq // c.cp), c.tp, c.ep, g_tp, np.minimum(c.ep, g_dp),
+                                c.sequence_parallel)
         # one attention block: its norm, QKV and output projections (the MoE block has its own norm)
         att_p = (norm_p + h * (q + 2 * kv) / t + ((q + 2 * kv) / t if spec.attn_bias else 0.0) + q * h / t
                  + (h if spec.attn_bias else 0.0))

@@ -89,6 +89,12 @@ class ModelSpec:
     """Tokens an expert takes, as a multiple of its fair share (tokens x k / experts); 0 is dropless."""
     router: Router = "softmax"
     """`softmax` top-k (Mixtral, Qwen3) or `sigmoid` scores with a load-balancing bias (DeepSeek-V3)."""
+    expert_groups: int = 0
+    """Group-limited routing: the routed experts form this many equal groups and a token's top-k come from its
+    best `groups_per_token` groups (DeepSeek-V3: 8 groups, 4 per token, so that 'each token will be sent to
+    at most 4 nodes' when a group sits on one node); 0: no limit."""
+    groups_per_token: int = 0
+    """Groups a token's experts may come from under group-limited routing."""
     name: str = field(default="custom", compare=False)
     """Preset name this spec came from (informational; not part of equality)."""
 
@@ -136,6 +142,25 @@ class ModelSpec:
             raise UsageError(f"dense_layers={self.dense_layers} leaves no MoE block of {self.n_layers}")
         if not (self.capacity_factor == 0 or self.capacity_factor >= 1):
             raise UsageError(f"capacity_factor must be 0 (dropless) or at least 1, got {self.capacity_factor!r}")
+        self._check_groups()
+
+    def _check_groups(self) -> None:
+        groups, per_token = self.expert_groups, self.groups_per_token
+        for name in ("expert_groups", "groups_per_token"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UsageError(f"{name} must be a non-negative integer, got {value!r}")
+        if not groups:
+            if per_token:
+                raise UsageError("groups_per_token needs expert_groups")
+            return
+        if self.n_experts % groups:
+            raise UsageError(f"expert_groups={groups} does not divide n_experts={self.n_experts}")
+        if not 1 <= per_token <= groups:
+            raise UsageError(f"groups_per_token must be in 1..expert_groups={groups}, got {per_token!r}")
+        if self.experts_per_token > per_token * (self.n_experts // groups):
+            raise UsageError(f"experts_per_token={self.experts_per_token} exceeds the experts of "
+                             f"{per_token} groups of {self.n_experts // groups}")
 
     # ---- shapes -----------------------------------------------------------------------------
     @property

@@ -20,6 +20,11 @@ from stepscope.errors import UsageError
 
 RECOMPUTE = ("none", "selective", "full")
 DIMENSIONS = ("tp", "cp", "dp", "pp")
+DISPATCHERS = ("alltoall", "deepep")
+"""How MoE tokens reach their experts across ranks: `alltoall` sends every expert copy of a token by an NCCL
+all-to-all (Megatron-Core's alltoall dispatcher); `deepep` sends a token once per destination node and fans it
+out there over NVLink (DeepEP, HybridEP: Megatron-Core's flex dispatcher), with fp8 dispatch in fp8 runs
+(DeepSeek-V3 §3.3.2), as `collectives.dispatch` models it."""
 FP8_RECIPES = ("delayed", "current", "blockwise")
 """How fp8 GEMM inputs are scaled (used when the workload's precision is fp8): per-tensor scales from the amax
 history of earlier steps (Transformer Engine's delayed scaling), per-tensor scales from the tensor itself (an
@@ -82,6 +87,8 @@ class ParallelPlan:
     expert_imbalance: float = 1.0
     """Load imbalance of the routed experts: tokens of the busiest EP rank / the mean (1.0: perfectly balanced,
     what an auxiliary-loss or bias-balanced router approaches); scales that rank's expert GEMMs and all-to-all."""
+    dispatcher: str = "alltoall"
+    """MoE token dispatcher (see DISPATCHERS)."""
     ep_overlap: bool = False
     """The dispatch and combine all-to-alls hide behind the MoE block's GEMMs of the same direction (only what
     exceeds them shows), as schedules that run one micro-batch's all-to-all during another's computation do
@@ -103,6 +110,8 @@ class ParallelPlan:
         if isinstance(self.expert_imbalance, bool) or not self.expert_imbalance >= 1.0:
             raise UsageError(f"expert_imbalance must be at least 1 (max/mean tokens per expert), "
                              f"got {self.expert_imbalance!r}")
+        if self.dispatcher not in DISPATCHERS:
+            raise UsageError(f"dispatcher must be one of {'|'.join(DISPATCHERS)}, got {self.dispatcher!r}")
         if self.fp8_recipe not in FP8_RECIPES:
             raise UsageError(f"fp8_recipe must be one of {'|'.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
         if tuple(sorted(self.placement)) != tuple(sorted(DIMENSIONS)):
@@ -178,7 +187,7 @@ class ParallelPlan:
                   f"recompute {self.recompute}" if self.recompute != "none" else "",
                   f"v{self.interleave}" if self.interleave > 1 else "", "" if self.flash_attention else "no-flash",
                   f"imbalance{self.expert_imbalance:g}" if self.expert_imbalance != 1.0 else "",
-                  "ep-overlap" if self.ep_overlap else ""]
+                  "deepep" if self.dispatcher == "deepep" else "", "ep-overlap" if self.ep_overlap else ""]
         ep = f"ep{self.ep} " if self.ep > 1 else ""
         return (f"dp{self.dp} tp{self.tp} pp{self.pp} cp{self.cp} {ep}mb{self.micro_batch} "
                 + " ".join(e for e in extras if e)).strip()

@@ -32,11 +32,12 @@ _QWEN3_MOE = dict(vocab_size=151_936, context_length=32_768, norm="rms", mlp="sw
 # DeepSeek-V3's shapes (DeepSeek-AI 2024, arXiv 2412.19437, §4.2; HF config.json) with grouped-query
 # attention standing in for multi-head latent attention (MLA): 128 heads of width 96 with 8 KV heads have
 # MLA's 187.2M weights per block (MLA: 187.1M), but their score and value products cost 192 instead of
-# MLA's 320 multiply-adds per head and key. The multi-token-prediction module is not counted.
+# MLA's 320 multiply-adds per head and key. The multi-token-prediction module is not counted. Routing is
+# group-limited as in the paper (config.json n_group 8, topk_group 4: each token to at most 4 nodes).
 _DEEPSEEK_V3_GQA = dict(vocab_size=129_280, context_length=4096, norm="rms", mlp="swiglu", positions="rope",
                         tie_embeddings=False, rope_theta=10_000.0, n_kv_heads=8, head_dim=96,
                         n_experts=256, experts_per_token=8, expert_d_ff=2048, n_shared_experts=1,
-                        dense_layers=3, router="sigmoid")
+                        dense_layers=3, router="sigmoid", expert_groups=8, groups_per_token=4)
 
 
 def _sized(base: dict[str, Any], d_model: int, n_layers: int, n_heads: int, d_ff: int | None = None,

@@ -24,7 +24,7 @@ from stepscope.errors import UsageError
 from stepscope.perfmodel.runs import ModelledWorkload
 from stepscope.perfmodel.search import SearchSpace
 from stepscope.spec import MODELLED_PRECISIONS, MODES, ModelSpec, Workload
-from stepscope.spec.plan import FP8_RECIPES, RECOMPUTE, ParallelPlan
+from stepscope.spec.plan import DISPATCHERS, FP8_RECIPES, RECOMPUTE, ParallelPlan
 from stepscope.spec.system import list_systems
 
 
@@ -53,6 +53,8 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tp-overlap", action="store_true", help="TP/CP collectives overlap their GEMMs")
     group.add_argument("--ep-overlap", action="store_true",
                        help="MoE all-to-alls hide behind the MoE blocks' GEMMs (DualPipe-like schedules)")
+    add_config_option(group, ParallelPlan, "--dispatcher", "MoE token dispatcher: alltoall (every expert copy "
+                      "by all-to-all) | deepep (once per node, fanned out over NVLink; DeepEP, HybridEP)")
 
 
 def training_from_args(args: argparse.Namespace) -> ModelledWorkload:
@@ -63,10 +65,11 @@ def training_from_args(args: argparse.Namespace) -> ModelledWorkload:
                             mode=one_value(args.mode, choice(*MODES), "--mode"))
 
 
-def switches_from_args(args: argparse.Namespace) -> dict[str, bool]:
+def switches_from_args(args: argparse.Namespace) -> dict[str, bool | str]:
     """The execution switches (`add_training_options`) as `ParallelPlan` / `SearchSpace` fields."""
     return {"dropout": args.dropout, "fp32_grads": args.fp32_grads, "dp_overlap": not args.no_dp_overlap,
-            "tp_overlap": args.tp_overlap, "ep_overlap": args.ep_overlap}
+            "tp_overlap": args.tp_overlap, "ep_overlap": args.ep_overlap,
+            "dispatcher": one_value(args.dispatcher, choice(*DISPATCHERS), "--dispatcher")}
 
 
 def add_plan_options(parser: argparse.ArgumentParser) -> None:
