@@ -95,8 +95,11 @@ def test_deepep_dispatcher_sends_less_and_fp8_dispatch_halves_the_forward():
     forward = ops["dispatch"].forward.comms[0]
     assert (forward.kind, forward.copies, forward.reach) == ("dispatch", 8, (8, 4))
     assert forward.bytes == 4096 * spec.d_model * 2  # one copy of each token
-    fp8 = {op.name: op for op in moe_block(spec, Geometry(1, 4096, ep=64, dispatcher="deepep", fp8_recipe="current"))}
+    fp8 = {op.name: op for op in moe_block(spec, Geometry(1, 4096, ep=64, dispatcher="deepep-fp8",
+                                                          fp8_recipe="current"))}
     assert fp8["dispatch"].forward.comms[0].bytes == forward.bytes / 2
+    bf16 = moe_block(spec, Geometry(1, 4096, ep=64, dispatcher="deepep", fp8_recipe="current"))
+    assert bf16[3].name == "dispatch" and bf16[3].forward.comms[0].bytes == forward.bytes  # Megatron: 16-bit
     assert fp8["combine"].forward.comms[0].bytes == forward.bytes == fp8["dispatch"].backward.comms[0].bytes
     workload = Workload(batch=1024, seq=4096, precision="bf16", mode="train")
     plan = ParallelPlan(dp=64, pp=16, ep=64, first_stage_layers=3, last_stage_layers=2, zero=1)

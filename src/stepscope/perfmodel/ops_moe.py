@@ -110,8 +110,8 @@ def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
 def _exchanges(spec: ModelSpec, g: Geometry, sent: float) -> tuple[tuple[Collective, ...], ...]:
     """The EP group's token exchanges: (forward dispatch, every backward one, forward combine). The `alltoall`
     dispatcher sends the `sent` token copies by all-to-all; `deepep` sends each token once per domain holding
-    one of its experts (`collectives.dispatch`), the forward dispatch in fp8 when the GEMMs are fp8 (the
-    combine and the gradients stay 16-bit, as in DeepSeek-V3)."""
+    one of its experts (`collectives.dispatch`); `deepep-fp8` sends the forward dispatch in fp8 when the GEMMs
+    are fp8 (the combine and the gradients stay 16-bit, as in DeepSeek-V3)."""
     if g.ep <= 1:
         return (), (), ()
     h, e, k = spec.d_model, g.act_bytes, spec.experts_per_token
@@ -124,7 +124,7 @@ def _exchanges(spec: ModelSpec, g: Geometry, sent: float) -> tuple[tuple[Collect
         return (Collective("dispatch", sent / k * h * element_bytes, "ep", g.ep, overlappable=False, copies=k,
                            reach=reach),)
 
-    return exchange(1 if g.fp8 else e), exchange(e), exchange(e)
+    return exchange(1 if g.fp8 and g.dispatcher == "deepep-fp8" else e), exchange(e), exchange(e)
 
 
 def _shared_experts(spec: ModelSpec, g: Geometry) -> list[Op]:

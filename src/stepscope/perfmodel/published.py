@@ -13,7 +13,9 @@ Two datasets ship in `stepscope/data/validation/`:
   MLA's weights, no multi-token prediction module).
 Optional columns name the software of a run where it differs from today's defaults: `flash` (no: the s x s
 scores are materialised, as in Megatron-LM before 2023), `dropout` (yes: masks kept), `fp32_grads` (yes:
-Megatron's fp32 main_grad), `dispatcher` and `ep_overlap` (MoE token exchange, `ParallelPlan`).
+Megatron's fp32 main_grad), `dispatcher` and `ep_overlap` (MoE token exchange, `ParallelPlan`),
+`expert_groups` and `groups_per_token` (a benchmark's routing where it overrides the model's, as a fake balanced
+gate does).
 
 A source publishes a step time, tokens/s per GPU, TFLOP/s per GPU or MFU; each becomes a measured step
 time: as published, B·s / (tokens/s/GPU · GPUs), or the run's FLOPs / (rate · GPUs) with the FLOPs counted as
@@ -106,6 +108,8 @@ def _narayanan(row: dict[str, str], name: str) -> PublishedRun:
 def _modern(row: dict[str, str], name: str) -> PublishedRun:
     """A `modern_runs` row: the plan as published, the measured metric turned into a step time."""
     model = get_preset(row["model"])
+    if row.get("expert_groups"):  # a benchmark's own routing (e.g. a fake balanced gate), not the model's
+        model = model.replace(expert_groups=int(row["expert_groups"]), groups_per_token=int(row["groups_per_token"]))
     if int(row["seq"]) > model.context_length:  # a long-context stage of the same model (rotary: no new weights)
         model = model.replace(context_length=int(row["seq"]))
     workload = Workload(batch=int(row["global_batch"]), seq=int(row["seq"]), precision=row["precision"],

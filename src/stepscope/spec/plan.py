@@ -20,11 +20,12 @@ from stepscope.errors import UsageError
 
 RECOMPUTE = ("none", "selective", "full")
 DIMENSIONS = ("tp", "cp", "dp", "pp")
-DISPATCHERS = ("alltoall", "deepep")
+DISPATCHERS = ("alltoall", "deepep", "deepep-fp8")
 """How MoE tokens reach their experts across ranks: `alltoall` sends every expert copy of a token by an NCCL
 all-to-all (Megatron-Core's alltoall dispatcher); `deepep` sends a token once per destination node and fans it
-out there over NVLink (DeepEP, HybridEP: Megatron-Core's flex dispatcher), with fp8 dispatch in fp8 runs
-(DeepSeek-V3 §3.3.2), as `collectives.dispatch` models it."""
+out there over NVLink (DeepEP, HybridEP: Megatron-Core's flex dispatcher, which hands them 16-bit tokens), as
+`collectives.dispatch` models it; `deepep-fp8` also sends the forward dispatch in fp8 when the GEMMs are fp8
+(DeepSeek-V3's own training, §3.3.2: fp8 dispatch, 16-bit combine)."""
 FP8_RECIPES = ("delayed", "current", "blockwise")
 """How fp8 GEMM inputs are scaled (used when the workload's precision is fp8): per-tensor scales from the amax
 history of earlier steps (Transformer Engine's delayed scaling), per-tensor scales from the tensor itself (an
@@ -187,7 +188,7 @@ class ParallelPlan:
                   f"recompute {self.recompute}" if self.recompute != "none" else "",
                   f"v{self.interleave}" if self.interleave > 1 else "", "" if self.flash_attention else "no-flash",
                   f"imbalance{self.expert_imbalance:g}" if self.expert_imbalance != 1.0 else "",
-                  "deepep" if self.dispatcher == "deepep" else "", "ep-overlap" if self.ep_overlap else ""]
+                  self.dispatcher if self.dispatcher != "alltoall" else "", "ep-overlap" if self.ep_overlap else ""]
         ep = f"ep{self.ep} " if self.ep > 1 else ""
         return (f"dp{self.dp} tp{self.tp} pp{self.pp} cp{self.cp} {ep}mb{self.micro_batch} "
                 + " ".join(e for e in extras if e)).strip()

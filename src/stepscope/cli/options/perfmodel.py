@@ -54,7 +54,8 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ep-overlap", action="store_true",
                        help="MoE all-to-alls hide behind the MoE blocks' GEMMs (DualPipe-like schedules)")
     add_config_option(group, ParallelPlan, "--dispatcher", "MoE token dispatcher: alltoall (every expert copy "
-                      "by all-to-all) | deepep (once per node, fanned out over NVLink; DeepEP, HybridEP)")
+                      "by all-to-all) | deepep (once per node, fanned out over NVLink; DeepEP, HybridEP) | deepep-fp8 "
+                      "(and an fp8 forward dispatch in fp8 runs, as DeepSeek-V3)")
 
 
 def training_from_args(args: argparse.Namespace) -> ModelledWorkload:
