@@ -28,6 +28,12 @@ def test_predict_and_plan_a_mixture_of_experts_model(cli, tmp_path):
     assert code == 0, err
     for text in ("ep_comm", "router", "dispatch", "expert_up", "combine", "A2A ep8", "moe x8"):
         assert text in out
+    code, out, err = cli("predict", "--model", "deepseek-v3-gqa", "--system", "H100-SXM", "--gpus", "1024", "--pp",
+                         "16", "--ep", "64", "--first-stage-layers", "3", "--last-stage-layers", "2", "--dispatcher",
+                         "deepep", "--ep-overlap", "--seq", "4096", "--global-batch", "1024", "--per-layer", "--out",
+                         tmp_path)
+    assert code == 0, err
+    assert "DSP ep64" in out and "deepep ep-overlap" in out
     code, out, err = cli("plan", "--model", "tiny-moe", "--system", "H100-SXM", "--gpus", "16", "--seq", "128",
                          "--global-batch", "64", "--ep", "2,4", "--top", "3", "--out", tmp_path)
     assert code == 0, err

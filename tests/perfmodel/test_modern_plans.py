@@ -124,3 +124,20 @@ def test_the_search_finds_uneven_layouts_where_even_ones_cannot_exist():
     assert metrics["mem_GiB"] * GiB == pytest.approx(evaluate(LLAMA_405B, TRAIN, best, H100).memory.total, rel=1e-9)
     none = search(LLAMA_405B, TRAIN, H100, 16384, dataclasses.replace(space, uneven_stages=False), top_k=1)
     assert not none.top and none.rejected["pipeline stages hold every layer"] > 0
+
+
+def test_tp_overlap_hides_only_inside_one_domain_and_ring_attention_runs_a_kernel_per_step():
+    """TP8 inside a node hides its collectives behind the GEMMs with --tp-overlap; TP8 spread over two nodes by a
+    cp-innermost placement cannot (CUDA peer-to-peer access stops at the node), so overlap changes nothing there.
+    Context parallelism splits the fused attention into one kernel per ring step."""
+    workload = Workload(batch=256, seq=8192, precision="bf16", mode="train")
+    base = ParallelPlan(dp=16, tp=8, pp=8, cp=2, micro_batch=1, zero=1, sequence_parallel=True, first_stage_layers=14,
+                        last_stage_layers=16)
+    inside, across = base, base.replace(placement=("cp", "tp", "dp", "pp"))
+    for plan, hidden in ((inside, True), (across, False)):
+        plain = evaluate(LLAMA_405B, workload, plan, H100).breakdown["tp_comm"]
+        overlapped = evaluate(LLAMA_405B, workload, plan.replace(tp_overlap=True), H100).breakdown["tp_comm"]
+        assert (overlapped < 0.5 * plain) if hidden else (overlapped == pytest.approx(plain, rel=1e-12))
+    g = geometry(base, workload)
+    (flash,) = [op for op in ops.attention_ops(LLAMA_405B, g)]
+    assert flash.forward.kernels == flash.backward.kernels == 2

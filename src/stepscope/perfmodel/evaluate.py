@@ -26,6 +26,7 @@ from stepscope.perfmodel.timing import (
     bucket_layout,
     dp_exposed,
     exposed,
+    hides,
     op_time,
     optimizer_time,
 )
@@ -143,7 +144,8 @@ def direction_span(ops: Sequence[Op], direction: str, system: SystemSpec, precis
             window += timed.compute_s
         for comm in cost.comms:
             seconds = comm.seconds(layout[comm.group], system.network)
-            hidden = exposed(seconds, timed.compute_s, overlap and comm.overlappable)
+            hidden = exposed(seconds, timed.compute_s,
+                             hides(comm.group, comm.size, layout[comm.group], overlap and comm.overlappable))
             if comm.group == "cp":
                 cp += hidden
             elif comm.group == "ep":

@@ -13,7 +13,7 @@ from typing import Any
 from stepscope.perfmodel.evaluate import geometry, group_layout
 from stepscope.perfmodel.memory import layer_kinds
 from stepscope.perfmodel.ops import Cost, Op, activation_precision
-from stepscope.perfmodel.timing import exposed, op_time
+from stepscope.perfmodel.timing import exposed, hides, op_time
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
 from stepscope.spec.plan import ParallelPlan
 from stepscope.spec.system import SystemSpec
@@ -21,7 +21,8 @@ from stepscope.spec.system import SystemSpec
 COLUMNS = ["layer", "flops_fwd_GFLOP", "act_mem_MiB", "wt_mem_MiB", "total_mem_fwd_MiB", "flops_bwd_GFLOP",
            "comm_fwd", "comm_bwd", "t_comp_ms", "t_mem_ms", "t_comm_ms", "intensity_FLOP_per_B", "t_total_ms",
            "comm_fraction"]
-_SHORT = {"all-reduce": "AR", "reduce-scatter": "RS", "all-gather": "AG", "all-to-all": "A2A", "p2p": "P2P"}
+_SHORT = {"all-reduce": "AR", "reduce-scatter": "RS", "all-gather": "AG", "all-to-all": "A2A", "dispatch": "DSP",
+          "p2p": "P2P"}
 MiB = 2.0**20
 
 
@@ -63,7 +64,8 @@ def _row(op: Op, workload: Workload, plan: ParallelPlan, system: SystemSpec, lay
         for c in cost.comms:
             seconds = c.seconds(layout[c.group], system.network)
             comm += seconds
-            total += exposed(seconds, timed.compute_s, plan.tp_overlap and c.overlappable)
+            total += exposed(seconds, timed.compute_s,
+                             hides(c.group, c.size, layout[c.group], plan.tp_overlap and c.overlappable))
     weights = op.params * e
     return {"layer": op.name, "_block": op.block, "_flops": op.forward.flops, "_bytes": op.forward.bytes,
             "flops_fwd_GFLOP": op.forward.flops / 1e9, "act_mem_MiB": op.saved_bytes / MiB,

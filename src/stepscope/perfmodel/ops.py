@@ -260,9 +260,12 @@ def attention_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
         lse = 4.0 * heads * queries  # fp32 log-sum-exp per query and local head
         forward = square_flops  # two causal halves: QKᵀ and PV
         moved = tokens * (2 * h + 2 * kv) / t * e  # read q, k, v; write o
+        # context parallelism runs the core as a ring: one kernel per step on the K/V block that just arrived
+        # (Transformer Engine's P2P ring, Llama 3's all-gather variant keeps the same per-block kernels), so its
+        # kernels shrink and multiply with cp
         return [Op("flash_attention", "attention", "attention",
-                   Cost(forward, forward, moved + lse, 1, cp_fwd),
-                   Cost(2.5 * forward, 2.0 * forward, 2 * moved + lse, 1, cp_bwd),
+                   Cost(forward, forward, moved + lse, g.cp, cp_fwd),
+                   Cost(2.5 * forward, 2.0 * forward, 2 * moved + lse, g.cp, cp_bwd),
                    saved_bytes=qk_bytes + v_bytes + lse)]
     scores = heads * queries * g.seq  # s x s elements per local head and sequence
     mask = 1 if g.dropout else 0

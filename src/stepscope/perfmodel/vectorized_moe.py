@@ -19,7 +19,7 @@ import numpy as np
 
 from stepscope.perfmodel.ops import Geometry
 from stepscope.perfmodel.ops_moe import moe_block
-from stepscope.perfmodel.timing import exposed, op_time
+from stepscope.perfmodel.timing import exposed, hides, op_time
 from stepscope.spec import ModelSpec
 from stepscope.spec.system import SystemSpec
 
@@ -79,7 +79,8 @@ def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int,
             if comm.group == "ep" and ep_overlap:
                 out[f"ep_{short}"] += seconds
             else:
-                out[f"{comm.group}_{short}"] += exposed(seconds, compute_s, overlap and comm.overlappable)
+                out[f"{comm.group}_{short}"] += exposed(
+                    seconds, compute_s, hides(comm.group, comm.size, layout[comm.group], overlap and comm.overlappable))
         if ep_overlap:  # evaluate.direction_span: the all-to-alls behind the block's GEMMs
             out[f"ep_{short}"] = max(0.0, out[f"ep_{short}"] - window)
     out.update(zip(("params", "expert_params", "fp8_params", "saved", "saved_max", "flops"), ops[1], strict=True))
@@ -116,11 +117,12 @@ def moe_block_terms(spec: ModelSpec, system: SystemSpec, settings: tuple, tokens
     return {name: values[:, i] for i, name in enumerate(FIELDS)}
 
 
-def attention_tp(overlap: bool, qkv_c, out_c, rs_block, ar_block) -> tuple[tuple, tuple]:
+def attention_tp(overlap, qkv_c, out_c, rs_block, ar_block) -> tuple[tuple, tuple]:
     """Exposed TP collectives of an attention block alone, ((sequence-parallel, all-reduce) forward, (...)
-    backward): `vectorized_terms`' layer formulas without the MLP's two GEMMs."""
+    backward): `vectorized_terms`' layer formulas without the MLP's two GEMMs. `overlap`: per plan, whether
+    its TP collectives hide (`timing.hides`)."""
     def hidden(comm, compute):
-        return np.maximum(0.0, comm - compute) if overlap else comm
+        return np.where(overlap, np.maximum(0.0, comm - compute), comm)
 
     forward = (hidden(rs_block, qkv_c) + hidden(rs_block, out_c), hidden(ar_block, out_c))
     backward = (hidden(rs_block, 2 * qkv_c) + hidden(rs_block, 2 * out_c), hidden(ar_block, 2 * qkv_c))

@@ -31,8 +31,9 @@ from stepscope.spec.plan import stage_layers
 from stepscope.spec.system import SystemSpec
 
 
-def _exposed(comm, compute, overlap: bool):
-    return np.maximum(0.0, comm - compute) if overlap else comm
+def _exposed(comm, compute, overlap):
+    """What shows of `comm` behind `compute`; `overlap` a bool or an array of them (per plan)."""
+    return np.where(overlap, np.maximum(0.0, comm - compute), comm)
 
 
 def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candidates,
@@ -104,8 +105,8 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     scores_el = heads / t * queries * seq
     any_flash, any_unfused = bool(flash.any()), not bool(flash.all())  # a search often has one kind only
     if any_flash:
-        fl_fc, fl_ft = mc.matrix(square, flash_moved + lse, 1, mc.flash_efficiency)
-        fl_bc, fl_bt = mc.matrix(2.5 * square, 2 * flash_moved + lse, 1, mc.flash_efficiency)
+        fl_fc, fl_ft = mc.matrix(square, flash_moved + lse, cp, mc.flash_efficiency)  # one kernel per ring step
+        fl_bc, fl_bt = mc.matrix(2.5 * square, 2 * flash_moved + lse, cp, mc.flash_efficiency)
     if any_unfused:
         sc_c, sc_t = mc.matrix(square, qk_bytes + scores_el * e, 1)
         sm_c, sm_t = mc.vector(VECTOR_FLOPS["softmax"] * scores_el, 2 * scores_el * e, 1)
@@ -157,13 +158,14 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
 
     # ---- exposed TP / CP collectives of one layer --------------------------------------------------
     tp_on = t > 1
+    tp_hides = overlap & (g_tp >= t)  # timing.hides: TP overlap only inside one fast domain
     if overlap:
-        sp_fwd = (_exposed(rs_block, qkv_c, True) + _exposed(rs_block, out_c, True)
-                  + _exposed(rs_block, up_c, True) + _exposed(rs_block, dn_c, True))
-        sp_bwd = (_exposed(rs_block, 2 * qkv_c, True) + _exposed(rs_block, 2 * out_c, True)
-                  + _exposed(rs_block, 2 * up_c, True) + _exposed(rs_block, 2 * dn_c, True))
-        ar_fwd = _exposed(ar_block, out_c, True) + _exposed(ar_block, dn_c, True)
-        ar_bwd = _exposed(ar_block, 2 * qkv_c, True) + _exposed(ar_block, 2 * up_c, True)
+        sp_fwd = (_exposed(rs_block, qkv_c, tp_hides) + _exposed(rs_block, out_c, tp_hides)
+                  + _exposed(rs_block, up_c, tp_hides) + _exposed(rs_block, dn_c, tp_hides))
+        sp_bwd = (_exposed(rs_block, 2 * qkv_c, tp_hides) + _exposed(rs_block, 2 * out_c, tp_hides)
+                  + _exposed(rs_block, 2 * up_c, tp_hides) + _exposed(rs_block, 2 * dn_c, tp_hides))
+        ar_fwd = _exposed(ar_block, out_c, tp_hides) + _exposed(ar_block, dn_c, tp_hides)
+        ar_bwd = _exposed(ar_block, 2 * qkv_c, tp_hides) + _exposed(ar_block, 2 * up_c, tp_hides)
     else:
         sp_fwd = sp_bwd = 4 * rs_block
         ar_fwd = ar_bwd = 2 * ar_block
@@ -184,20 +186,20 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     learned = spec.positions == "learned"
     emb_c, emb_t = mc.vector(tokens * h * (1 + learned), tokens * h * e * (2 + 3 * learned), 1 + learned)
     emb_comm = np.where(tp_on, np.where(sp, rs_block, ar_block), 0.0)
-    emb_fwd_tp = _exposed(emb_comm, emb_c, overlap)
+    emb_fwd_tp = _exposed(emb_comm, emb_c, tp_hides)
     table = vocab * h / t
     _, emb_bt = mc.vector(tokens * h, table * 4 + 2 * tokens * h * e, 2)
     fn_c, fn_t = mc.vector(VECTOR_FLOPS["norm"] * sharded * h, 2 * sharded * h * e, 1)
     fn_bt = back(fn_c, 2 * sharded * h * e, "norm", 1)
     lg_c, lg_t = mc.matrix(2 * tokens * h * vocab / t, (tokens * h + h * vocab / t + tokens * vocab / t) * e, 1)
-    head_fwd_tp = np.where(tp_on & sp, _exposed(rs_block, lg_c, overlap), 0.0)
-    head_bwd_tp = np.where(tp_on, np.where(sp, _exposed(rs_block, 2 * lg_c, overlap),
-                                           _exposed(ar_block, 2 * lg_c, overlap)), 0.0)
+    head_fwd_tp = np.where(tp_on & sp, _exposed(rs_block, lg_c, tp_hides), 0.0)
+    head_bwd_tp = np.where(tp_on, np.where(sp, _exposed(rs_block, 2 * lg_c, tp_hides),
+                                           _exposed(ar_block, 2 * lg_c, tp_hides)), 0.0)
     logits = tokens * vocab / t
     upcast = 8.0 if e < 4 else 0.0
     ls_c, ls_t = mc.vector(VECTOR_FLOPS["loss"] * logits, logits * (e + upcast + 8), 3)
     _, ls_bt = mc.vector(2 * VECTOR_FLOPS["loss"] * logits, logits * (8 + (4 + e if e < 4 else 0)), 3)
-    loss_comm = np.where(tp_on, _exposed(mc.all_reduce(12.0 * tokens, t, g_tp), ls_c, overlap), 0.0)
+    loss_comm = np.where(tp_on, _exposed(mc.all_reduce(12.0 * tokens, t, g_tp), ls_c, tp_hides), 0.0)
 
     # ---- pipeline point-to-point: activations forward, gradients back, once per virtual chunk --------
     p2p_one = np.where(c.pp > 1, mc.p2p(sharded * h * e, layout["pp"] >= c.pp), 0.0)
@@ -332,7 +334,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
         "mid_moe": counts["mid"][1], "last_moe": counts["last"][1], "edp": n_dp / c.ep,
         "flops_full": layer_flops + square, "flops_selective": np.where(flash, 0.0, square)})
     if spec.is_moe:  # a MoE layer: the attention block (as above) and the MoE block
-        att_tp_fwd, att_tp_bwd = attention_tp(overlap, qkv_c, out_c, rs_block, ar_block)
+        att_tp_fwd, att_tp_bwd = attention_tp(tp_hides, qkv_c, out_c, rs_block, ar_block)
         att_act = sharded * h * e + sharded * h * ge + tokens * q / t * ge + sharded * h * mask
         terms.update({
             "moe_fwd": att_fwd + block["fwd"], "moe_bwd": (att_bwd + block["bwd"]) if backward else zeros,
