@@ -71,3 +71,25 @@ def test_modern_validation_predicts_every_run_on_its_own_system(tmp_path):
     assert len(outcome.rows) == len(load_dataset("modern_runs"))
     assert all(abs(r.error) < 0.5 for r in outcome.rows)  # a sanity bound; the errors are reported, not tuned
     assert {record["config"]["source"] for record in read_records(tmp_path)} != {""}
+
+
+def test_cross_validation_fits_each_run_without_it(tmp_path):
+    """Leave one out: the factor behind a run's held-out prediction is the one fitted to the other runs of its
+    system, never to a set holding the run itself; the prediction is the base one on the system scaled by it."""
+    from stepscope.perfmodel.calibrate_published import fit_factor, scaled
+    from stepscope.perfmodel.evaluate import evaluate
+    from stepscope.perfmodel.runs import system_of
+
+    outcome = run_validate(ValidateConfig(dataset="narayanan2021_table1", cross_validate=True), tmp_path)
+    first = outcome.rows[0]
+    others = [r.run for r in outcome.rows[1:]]
+    base = system_of(first.run.system)
+    factor = fit_factor(others, base, 1e-3)
+    assert first.held_out[0] == pytest.approx(factor, rel=1e-12)
+    assert abs(factor - fit_factor([r.run for r in outcome.rows], base, 1e-3)) > 1e-3  # the run itself moves it
+    expected = evaluate(first.run.model, first.run.workload, first.run.plan, scaled(base, factor)).step_s
+    assert first.held_out[1] == pytest.approx(expected, rel=1e-12)
+    assert "leave-one-out" in outcome.summary() and "loo_error_pct" in first.row()
+    assert all(r["metrics"]["loo_factor"] > 0 for r in read_records(tmp_path / "validate.jsonl"))
+    with pytest.raises(UsageError, match="leave --system out"):
+        run_validate(ValidateConfig(dataset="narayanan2021_table1", cross_validate=True, system="A100-80GB"))

@@ -11,13 +11,18 @@ from stepscope.perfmodel.validate import DATASETS, ValidateConfig
 
 NAME = "validate"
 HELP = "predict published measured runs and print the error"
-DESCRIPTION = ("Predict every published run shipped with stepscope (Narayanan et al. 2021, Table 1: Megatron-LM GPT "
-               "1.7B-1T on up to 3072 A100s) from first principles and print predicted vs measured.")
+DESCRIPTION = ("Predict every published run of a dataset shipped with stepscope (Narayanan et al. 2021, Table 1: "
+               "Megatron-LM GPT 1.7B-1T on up to 3072 A100s; modern dense runs; Mixture-of-Experts runs) from first "
+               "principles and print predicted vs measured; --cross-validate also predicts each run with its system "
+               "calibrated on the dataset's other runs of that system.")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     add_system_option(parser, ValidateConfig)
     add_config_option(parser, ValidateConfig, "--dataset", f"one of {', '.join(DATASETS)}")
+    parser.add_argument("--cross-validate", action="store_true",
+                        help="also predict each run with its system calibrated on the other runs of that system "
+                             "(leave one out: the error to expect after calibrating on your own runs)")
     add_output_options(parser, resume=False)
 
 
@@ -25,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
     from stepscope.perfmodel.validate import run_validate
 
-    config = ValidateConfig(system=args.system, dataset=one_value(args.dataset, choice(*DATASETS), "--dataset"))
+    config = ValidateConfig(system=args.system, dataset=one_value(args.dataset, choice(*DATASETS), "--dataset"),
+                            cross_validate=args.cross_validate)
     outcome = run_validate(config, args.out)
     printer = Printer(args.format)
     printer.emit([r.row() for r in outcome.rows], title=outcome.title())

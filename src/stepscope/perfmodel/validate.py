@@ -19,16 +19,24 @@ not give them; none is fitted per row):
 - placement: tensor parallelism inside the 8-GPU NVLink domain, then data, then pipeline parallelism
   (Megatron-LM's rank order).
 `run_validate` predicts a dataset and appends one `validate` record per run.
+
+Cross-validation (`ValidateConfig.cross_validate`): each run is also predicted with its system calibrated on
+the *other* runs of that system in the dataset (leave-one-out: one factor on the efficiency curve,
+`calibrate_published.fit_factor`), the accuracy an HPC centre can expect after calibrating on its own runs, with
+no run ever predicted by a fit that saw it. Runs alone on their system are not cross-validated.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
 from typing import Any
 
+from stepscope.errors import UsageError
+from stepscope.perfmodel.calibrate_published import fit_factor, scaled
 from stepscope.perfmodel.evaluate import Prediction, evaluate
 from stepscope.perfmodel.published import DATASETS, PublishedRun, load_dataset
 from stepscope.perfmodel.runs import RunRecords, SystemLike, check_choice, system_of
@@ -42,6 +50,16 @@ __all__ = ["DATASETS", "PublishedRun", "ValidateConfig", "ValidateOutcome", "Val
 class ValidationRow:
     run: PublishedRun
     prediction: Prediction
+    held_out: tuple[float, float] | None = None
+    """(efficiency factor fitted to the other runs of the system, predicted step time with it), when
+    cross-validated."""
+
+    @property
+    def held_out_error(self) -> float | None:
+        """Relative error of the leave-one-out prediction (None: not cross-validated)."""
+        if self.held_out is None:
+            return None
+        return (self.held_out[1] - self.run.measured_step_s) / self.run.measured_step_s
 
     @property
     def error(self) -> float:
@@ -57,13 +75,16 @@ class ValidationRow:
         if run.source != "narayanan2021_table1":  # the modern plans say more
             plan = run.plan.describe()
             modern = {"system": run.system, "precision": run.workload.precision, "seq": run.workload.seq}
+        held_out = {}
+        if self.held_out is not None:
+            held_out = {"loo_factor": self.held_out[0], "loo_error_pct": 100 * self.held_out_error}
         return {"run": run.label, "gpus": run.plan.gpus, "plan": plan, **modern,
                 "batch": run.workload.batch, "measured_step_s": run.measured_step_s, "predicted_step_s": p.step_s,
                 "error_pct": 100 * self.error, "measured_tflops_per_gpu": run.measured_tflops_per_gpu,
                 "predicted_tflops_per_gpu": predicted_tflops, "bubble_pct": 100 * p.phases["bubble"] / p.step_s,
                 "comm_pct": 100 * (p.breakdown["tp_comm"] + p.breakdown["ep_comm"] + p.breakdown["pp_comm"]
                                   + p.breakdown["dp_comm"]) / p.step_s,
-                "mem_GiB": p.memory.total / 2**30}
+                "mem_GiB": p.memory.total / 2**30, **held_out}
 
 
 def validate(system: SystemSpec | None = None, dataset: str = DATASETS[0]) -> list[ValidationRow]:
@@ -76,6 +97,22 @@ def median_abs_error(rows: list[ValidationRow]) -> float:
     return median(abs(r.error) for r in rows)
 
 
+def cross_validate(rows: list[ValidationRow], tolerance: float = 1e-3) -> list[ValidationRow]:
+    """`rows` with each run also predicted by its system fitted to the other runs of that system (leave one
+    out); runs alone on their system come back unchanged."""
+    out = []
+    for row in rows:
+        others = [r.run for r in rows if r.run.system == row.run.system and r.run.label != row.run.label]
+        if not others:
+            out.append(row)
+            continue
+        base = system_of(row.run.system)
+        factor = fit_factor(others, base, tolerance)
+        step_s = evaluate(row.run.model, row.run.workload, row.run.plan, scaled(base, factor)).step_s
+        out.append(dataclasses.replace(row, held_out=(factor, step_s)))
+    return out
+
+
 @dataclass(frozen=True)
 class ValidateConfig:
     """Which published runs to predict, on which system."""
@@ -84,6 +121,8 @@ class ValidateConfig:
     """System preset, TOML file or SystemSpec for every run (None: each run's own, A100-80GB for Narayanan)."""
     dataset: str = DATASETS[0]
     """One of `DATASETS`."""
+    cross_validate: bool = False
+    """Also predict each run with its system calibrated on the dataset's other runs of that system."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +139,15 @@ class ValidateOutcome:
 
     def summary(self) -> str:
         """One line: the median and the largest absolute error."""
-        return (f"median absolute error: {100 * median_abs_error(self.rows):.1f}% over {len(self.rows)} runs "
+        line = (f"median absolute error: {100 * median_abs_error(self.rows):.1f}% over {len(self.rows)} runs "
                 f"(largest {100 * max(abs(r.error) for r in self.rows):.1f}%)")
+        held = [abs(r.held_out_error) for r in self.rows if r.held_out_error is not None]
+        if held:
+            alone = len(self.rows) - len(held)
+            line += (f"; leave-one-out (each run's system calibrated on its other runs): {100 * median(held):.1f}% "
+                     f"over {len(held)} runs (largest {100 * max(held):.1f}%)"
+                     + (f", {alone} alone on their system" if alone else ""))
+        return line
 
 
 def run_validate(config: ValidateConfig = ValidateConfig(), out: str | os.PathLike | None = None) -> ValidateOutcome:
@@ -111,6 +157,10 @@ def run_validate(config: ValidateConfig = ValidateConfig(), out: str | os.PathLi
     system = system_of(config.system) if config.system is not None else None
     records = RunRecords(out, "validate")
     rows = validate(system, config.dataset)
+    if config.cross_validate:
+        if system is not None:
+            raise UsageError("--cross-validate calibrates each run's own system: leave --system out")
+        rows = cross_validate(rows)
     names = system.name if system else "+".join(dict.fromkeys(system_of(r.run.system).name for r in rows))
     for r in rows:
         records.append({"dataset": config.dataset, "run": r.run.label,
