@@ -33,6 +33,8 @@ from stepscope.spec.system import SystemSpec
 
 def _exposed(comm, compute, overlap):
     """What shows of `comm` behind `compute`; `overlap` a bool or an array of them (per plan)."""
+    if isinstance(overlap, bool | np.bool_):
+        return np.maximum(0.0, comm - compute) if overlap else comm
     return np.where(overlap, np.maximum(0.0, comm - compute), comm)
 
 
@@ -158,7 +160,8 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
 
     # ---- exposed TP / CP collectives of one layer --------------------------------------------------
     tp_on = t > 1
-    tp_hides = overlap & (g_tp >= t)  # timing.hides: TP overlap only inside one fast domain
+    # timing.hides: TP overlap only inside one fast domain (a plain bool when no plan overlaps)
+    tp_hides = overlap & (g_tp >= t) if overlap else False
     if overlap:
         sp_fwd = (_exposed(rs_block, qkv_c, tp_hides) + _exposed(rs_block, out_c, tp_hides)
                   + _exposed(rs_block, up_c, tp_hides) + _exposed(rs_block, dn_c, tp_hides))
