@@ -49,6 +49,12 @@ def test_llama3_405b_stages_of_7_8_7_and_the_fullest_stage_is_the_second():
     g = geometry(plan, TRAIN)
     per_layer = sum(op.saved_bytes for op in ops.layer_ops(LLAMA_405B, g))
     assert prediction.memory.activations == pytest.approx(120 * per_layer, rel=1e-12)
+    # interleaved (v 8) the fullest stage would hold 15 x (1 + 15/128) = 16.76 micro-batches' worth, more than
+    # the step's 16: with so few micro-batches every forward runs before the first backward, and the second
+    # stage holds all 16 micro-batches of its 8 layers. That is Meta's 16K-GPU plan, which fits
+    interleaved = evaluate(LLAMA_405B, TRAIN, plan.replace(interleave=8), H100)
+    assert interleaved.memory.activations == pytest.approx(16 * 8 * per_layer, rel=1e-12)
+    assert interleaved.memory.feasible
 
 
 def test_one_shard_group_is_zero3_and_hsdp_adds_the_replica_all_reduce():

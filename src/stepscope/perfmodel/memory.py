@@ -8,8 +8,9 @@ Bytes per parameter (N = dp x cp ranks holding the same weights; Rajbhandari et 
 Activations per layer and micro-batch are the sum of what the ops keep (`ops.py`), which reproduces
 Korthikanti et al. 2022; full recomputation keeps only the layer input (plus one layer's activations
 while it is recomputed). Stage i of 1F1B holds min(p − i, m) micro-batches, x (1 + (p−1)/(p·v)) when
-interleaved: the first p, the fullest middle stage p − 1 (which is the peak when the first holds fewer
-layers), the last one, plus the logits and fp32 loss tensors. ZeRO/FSDP shards over `plan.shard` ranks
+interleaved (at most m: a pipeline with few micro-batches runs all forwards before the first backward): the
+first p, the fullest middle stage p − 1 (which is the peak when the first holds fewer layers), the last one,
+plus the logits and fp32 loss tensors. ZeRO/FSDP shards over `plan.shard` ranks
 (HSDP replicas hold copies); FSDP without resharding after forward keeps the stage's gathered weights.
 Mixture-of-Experts: the routed experts' weights are 1/ep per GPU with their state sharded over the dp x cp / ep
 ranks holding the same experts; a MoE block keeps what its ops save (`ops_moe.py`, the expert activations
@@ -55,14 +56,6 @@ def state_bytes(precision: str, zero: int, dp: int, fp32_grads: bool = False) ->
     optimizer = 8.0 + (4.0 if precision != "fp32" else 0.0)  # m, v (+ fp32 master weights)
     return StateBytes(weights / dp if zero >= 3 else weights, grads / dp if zero >= 2 else grads,
                       optimizer / dp if zero >= 1 else optimizer)
-
-
-def in_flight_micro_batches(pp: int, micro_batches: int, interleave: int) -> float:
-    """Micro-batches whose activations the first pipeline stage holds at its peak."""
-    held = min(pp, micro_batches)
-    if interleave > 1:
-        held *= 1 + (pp - 1) / (pp * interleave)
-    return float(held)
 
 
 def layer_activation_bytes(ops: list[Op], recompute: str, g: Geometry, d_model: int) -> float:
@@ -169,7 +162,9 @@ def memory(spec: ModelSpec, g: Geometry, plan: ParallelPlan, precision: str, mic
     dense_layers = spec.dense_layers if spec.is_moe else None
     for stage in pipeline_stages(plan, spec.n_layers, micro_batches, dense_layers):
         params, experts = sp.of(stage)
-        held = stage.in_flight * (interleaved if stage.name != "last" else 1.0)
+        # interleaving adds (p−1)/(p·v) of a stage's warm-up, but a stage never holds more than all m micro-batches
+        # (m <= p·(1 + ...): every forward runs before the first backward, as in GPipe)
+        held = min(micro_batches, stage.in_flight * (interleaved if stage.name != "last" else 1.0))
         activations = ((per_dense * stage.dense + per_moe * stage.moe) * held + working
                        + (head_act if stage.head else 0.0))
         candidates.append((params * per_param.total + experts * per_expert.total + activations, params, experts,

@@ -302,8 +302,8 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     fused = qk_bytes + v_bytes + lse
     s_x_s = scores_el * e + (scores_el * (e + mask) if mask else 0.0)
     interleaved = np.where(c.interleave > 1, 1 + (pp - 1) / (pp * v), 1.0)
-    held_first = np.minimum(c.pp, m) * interleaved
-    held_mid = np.minimum(c.pp - 1, m) * interleaved
+    held_first = np.minimum(np.minimum(c.pp, m) * interleaved, m)  # memory.py: at most all m micro-batches
+    held_mid = np.minimum(np.minimum(c.pp - 1, m) * interleaved, m)
     # inference keeps only the largest tensor one layer saves (memory.py's forward working set)
     core = np.where(flash, fused, np.maximum.reduce([qk_bytes, v_bytes, scores_el * (e + mask)]))
     terms.update({
