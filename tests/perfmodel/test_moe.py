@@ -110,6 +110,27 @@ def test_deepep_dispatcher_sends_less_and_fp8_dispatch_halves_the_forward():
         ParallelPlan(dispatcher="nccl")
 
 
+def test_whole_experts_fold_expert_parallelism_over_the_tp_ranks():
+    """expert_tp 1 (Megatron-Core's expert-TP 1): with tp 2 each GPU routes its own 2,048 sequence-parallel
+    tokens to whole experts (no TP gather around them, full-width expert GEMMs), EP 8 is carved out of
+    tp x dp = 8 ranks, and the expert state is sharded over tp x dp / ep."""
+    spec = get_preset("mixtral-8x7b")
+    split, whole = (moe_block(spec, Geometry(1, 4096, tp=2, sequence_parallel=True, ep=8, expert_tp=x))
+                    for x in (0, 1))
+    up = {op.name: op for op in whole}["expert_up"]
+    assert up.forward.flops == 2 * 2048 * spec.experts_per_token * spec.d_model * 2 * spec.expert_d_ff
+    assert up.params == spec.n_experts // 8 * spec.d_model * 2 * spec.expert_d_ff
+    assert not [c for op in whole if op.expert for c in op.forward.comms + op.backward.comms]
+    assert [c.kind for op in split if op.expert for c in op.forward.comms] == ["all-gather", "reduce-scatter"]
+    total = [sum(op.forward.flops for op in ops if op.expert) for ops in (split, whole)]
+    assert total[0] == pytest.approx(total[1])  # the same expert work per GPU, split or whole
+    plan = ParallelPlan(dp=4, tp=2, ep=8, sequence_parallel=True, expert_tp=1)
+    plan.check(spec, 64, 4096)
+    assert plan.expert_dp == 1 and plan.replace(ep=4).expert_dp == 2
+    with pytest.raises(UsageError, match="does not divide the dp x cp = 4 ranks"):
+        plan.replace(expert_tp=0).check(spec, 64, 4096)
+
+
 @pytest.mark.parametrize(("changes", "message"), [
     ({"ep": 3, "dp": 3}, "does not divide n_experts"),
     ({"ep": 4, "dp": 2}, "does not divide the dp x cp"),

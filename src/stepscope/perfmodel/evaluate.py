@@ -112,7 +112,7 @@ def geometry(plan: ParallelPlan, workload: Workload) -> Geometry:
     fp8 = plan.fp8_recipe if workload.precision == "fp8" else None
     return Geometry(plan.micro_batch, workload.seq, bytes_per_element(activation_precision(workload.precision)),
                     plan.tp, plan.cp, plan.sequence_parallel, plan.flash_attention, plan.dropout, fp8, plan.ep,
-                    plan.expert_imbalance, plan.dispatcher)
+                    plan.expert_imbalance, plan.dispatcher, plan.expert_tp)
 
 
 def group_layout(plan: ParallelPlan, domain_size: int) -> dict[str, int]:
@@ -125,8 +125,9 @@ def group_layout(plan: ParallelPlan, domain_size: int) -> dict[str, int]:
     layout["dp_cp"] = layout["dp"] * layout["cp"]
     layout["shard"] = min(plan.shard, layout["dp_cp"])
     layout["replica"] = max(1, layout["dp_cp"] // plan.shard)
-    layout["ep"] = min(plan.ep, layout["dp_cp"])
-    layout["edp"] = max(1, layout["dp_cp"] // plan.ep)
+    folded = layout["dp_cp"] * (layout["tp"] if plan.expert_tp == 1 else 1)  # the ranks EP is carved out of
+    layout["ep"] = min(plan.ep, folded)
+    layout["edp"] = max(1, folded // plan.ep)
     return layout
 
 

@@ -143,6 +143,13 @@ class Geometry:
     """Tokens of the busiest expert-parallel rank / the mean (MoE blocks)."""
     dispatcher: str = "alltoall"
     """MoE token dispatcher (`spec.plan.DISPATCHERS`)."""
+    expert_tp: int = 0
+    """0: experts split over tp; 1: whole experts, EP folded over the TP ranks (`ParallelPlan.expert_tp`)."""
+
+    @property
+    def expert_split(self) -> int:
+        """Ranks one routed expert is split over: tp, or 1 with whole experts."""
+        return 1 if self.expert_tp == 1 else self.tp
 
     @property
     def fp8(self) -> bool:

@@ -9,7 +9,9 @@ MLP (expert-TP = tp; Megatron-Core's default, which also requires sequence paral
   group, by all-to-all or deduplicated per node (`ParallelPlan.dispatcher`); forward dispatch and combine
   are two exchanges, their gradients two more;
 - with tp > 1 the received tokens are all-gathered over the TP group (reduce-scattered back after the
-  experts), as the dense MLP's sequence-parallel entry and exit, but with k times the tokens;
+  experts), as the dense MLP's sequence-parallel entry and exit, but with k times the tokens; with whole
+  experts (`Geometry.expert_tp` 1, Megatron-Core's expert-TP 1) there is no such exchange and each GPU's
+  experts take the copies of its own sequence-parallel tokens;
 - the expert GEMMs are grouped GEMMs over the n_experts / ep local experts: on average a GPU's experts
   receive as many token copies as it sent (b·s/cp·k over its TP group), the busiest EP rank
   `expert_imbalance` (max/mean tokens per expert rank) times that; it sets the pace of every rank, so
@@ -48,7 +50,9 @@ def routed_tokens(spec: ModelSpec, g: Geometry) -> tuple[float, float]:
     imbalance = g.expert_imbalance
     if spec.capacity_factor:  # capacity-limited routers drop what exceeds the capacity
         imbalance = min(imbalance, spec.capacity_factor)
-    return g.tokens * spec.experts_per_token * imbalance, g.sharded_tokens * spec.experts_per_token * imbalance
+    # whole experts (expert_tp 1): no TP gather, a GPU's experts take the copies its own tokens send on average
+    through = g.sharded_tokens if g.expert_split == 1 else g.tokens
+    return through * spec.experts_per_token * imbalance, g.sharded_tokens * spec.experts_per_token * imbalance
 
 
 def _grouped(name: str, m: float, k: float, n: float, weights: float, e: int, *, params: float, saved: float,
@@ -64,7 +68,7 @@ def _grouped(name: str, m: float, k: float, n: float, weights: float, e: int, *,
 
 def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
     """Norm, router, dispatch, expert GEMMs, combine, shared experts, residual: one MoE block on one GPU."""
-    h, fe, e, t, ep = spec.d_model, spec.expert_d_ff, g.act_bytes, g.tp, g.ep
+    h, fe, e, t, ep = spec.d_model, spec.expert_d_ff, g.act_bytes, g.expert_split, g.ep
     n, sharded, tokens = spec.n_experts, g.sharded_tokens, g.tokens
     gated = spec.mlp == "swiglu"
     up = (2 if gated else 1) * fe / t  # local width of the (gate and) up projection of one expert
@@ -95,7 +99,7 @@ def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
     fp8_bwd = routed * up + routed * h
     if spec.n_shared_experts:
         ops += _shared_experts(spec, g)
-        fs = spec.n_shared_experts * fe / t
+        fs = spec.n_shared_experts * fe / g.tp  # the shared experts stay split over tp like the dense MLP
         fp8_fwd += tokens * h + h * fs * (2 if gated else 1) + tokens * fs + fs * h
         fp8_bwd += tokens * fs * (2 if gated else 1) + tokens * h
     if g.fp8:

@@ -8,9 +8,8 @@ Two datasets ship in `stepscope/data/validation/`:
   does not give is stated in the row's notes as an assumption, never fitted;
 - `moe_runs`: Mixture-of-Experts runs (Mixtral, Qwen3-MoE, DeepSeek-V3 on H100/H800/B200; Megatron-Core,
   Megatron-Bridge, NeMo AutoModel, DeepSeek's report), the same columns plus `ep` and `etp` (expert tensor
-  parallelism; stepscope models experts tensor-parallel like the dense MLP, so a row with etp != tp is
-  predicted with etp = tp, which its notes say). DeepSeek-V3 rows use the `deepseek-v3-gqa` preset (GQA with
-  MLA's weights, no multi-token prediction module).
+  parallelism: a row with etp 1 and tp > 1 is predicted with whole experts, `ParallelPlan.expert_tp` 1).
+  DeepSeek-V3 rows use the `deepseek-v3-gqa` preset (GQA with MLA's weights, no multi-token prediction module).
 Optional columns name the software of a run where it differs from today's defaults: `flash` (no: the s x s
 scores are materialised, as in Megatron-LM before 2023), `dropout` (yes: masks kept), `fp32_grads` (yes:
 Megatron's fp32 main_grad), `dispatcher` and `ep_overlap` (MoE token exchange, `ParallelPlan`),
@@ -123,7 +122,8 @@ def _modern(row: dict[str, str], name: str) -> PublishedRun:
                         tp_overlap=row["tp_overlap"] == "yes", ep=int(row.get("ep") or 1),
                         ep_overlap=row.get("ep_overlap") == "yes", dispatcher=row.get("dispatcher") or "alltoall",
                         flash_attention=row.get("flash") != "no", dropout=row.get("dropout") == "yes",
-                        fp32_grads=row.get("fp32_grads") == "yes")
+                        fp32_grads=row.get("fp32_grads") == "yes",
+                        expert_tp=1 if row.get("etp") == "1" and int(row["tp"]) > 1 else 0)
     gpus, metric, value = int(row["gpus"]), row["metric"], float(row["value"])
     convention = row["flops_convention"]
     flops = run_flops(model, workload, convention)

@@ -91,6 +91,8 @@ class SearchSpace:
     """All-to-alls hide behind the MoE blocks' GEMMs (`ParallelPlan.ep_overlap`)."""
     dispatcher: str = "alltoall"
     """MoE token dispatcher (`ParallelPlan.dispatcher`)."""
+    expert_tp: int = 0
+    """Whole experts with EP folded over the TP ranks (1) or experts split over tp (0) (`ParallelPlan.expert_tp`)."""
 
 
 @dataclass
@@ -164,8 +166,9 @@ def _shape_rows(gpus: int, space: SearchSpace, workload: Workload, n_layers: int
     eps_a, options = np.array(eps), np.arange(3)
     first3, last3 = _uneven_stages(shape[:, 1:2], n_layers, options[None, :])  # (shape, option)
     keep = ((options == 0) | (space.uneven_stages & (first3 > 0)))[:, None, :]  # (shape, ep, option)
-    if not space.ep:  # given values meet the rules (and their count)
-        keep = keep & ((shape[:, 3] * shape[:, 2])[:, None] % eps_a == 0)[:, :, None]
+    if not space.ep:  # given values meet the rules (and their count); whole experts fold EP over tp too
+        folded = shape[:, 3] * shape[:, 2] * (shape[:, 0] if space.expert_tp == 1 else 1)
+        keep = keep & (folded[:, None] % eps_a == 0)[:, :, None]
     sizes = (len(shapes), len(mbs), len(space.interleave), len(space.sequence_parallel), len(space.shard_group),
              len(eps), 3)
     kept = np.broadcast_to(keep[:, None, None, None, None], sizes)
@@ -175,7 +178,8 @@ def _shape_rows(gpus: int, space: SearchSpace, workload: Workload, n_layers: int
                  interleave=np.array(space.interleave, dtype=np.int64)[v],
                  sequence_parallel=np.array(space.sequence_parallel, dtype=bool)[sp],
                  first_stage_layers=first3[i, option], last_stage_layers=last3[i, option],
-                 shard_group=np.array(space.shard_group, dtype=np.int64)[shard], ep=eps_a[ep])
+                 shard_group=np.array(space.shard_group, dtype=np.int64)[shard], ep=eps_a[ep],
+                 expert_tp=np.full(len(tp), space.expert_tp, dtype=np.int64))
 
 
 def _uneven_stages(pp: np.ndarray, n_layers: int, option: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -268,7 +272,7 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
                            first_stage_layers=rows.first_stage_layers[r], last_stage_layers=rows.last_stage_layers[r],
                            shard_group=rows.shard_group[r], reshard_after_forward=space.reshard_after_forward,
                            fp8_recipe=space.fp8_recipe, ep=rows.ep[r], expert_imbalance=space.expert_imbalance,
-                           ep_overlap=space.ep_overlap, dispatcher=space.dispatcher,
+                           ep_overlap=space.ep_overlap, dispatcher=space.dispatcher, expert_tp=space.expert_tp,
                            layout={d: np.repeat(g[lo:hi], k) for d, g in layout.items()})
         out = evaluate_many(spec, workload, system, cands, group_size=k)
         ok = out["feasible"]

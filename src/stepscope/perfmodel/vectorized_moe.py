@@ -38,10 +38,11 @@ def _ops(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int, .
     """What of a block does not depend on where its groups sit: per direction, the ops' summed time, the
     GEMMs' compute (the window all-to-alls can hide behind) and each collective with the compute of its op;
     then the parameter, activation and FLOP sums. Blocks differing only in placement share it."""
-    act_bytes, precision, fp8_recipe, dropout, _, imbalance, _, dispatcher = settings
+    act_bytes, precision, fp8_recipe, dropout, _, imbalance, _, dispatcher, expert_tp = settings
     tokens, t, ep, sp = key
     # a MoE block sees a micro-batch only through its tokens per GPU, b·s/cp (an integer: cp splits s evenly)
-    g = Geometry(tokens, 1, act_bytes, t, 1, bool(sp), True, dropout, fp8_recipe, ep, imbalance, dispatcher)
+    g = Geometry(tokens, 1, act_bytes, t, 1, bool(sp), True, dropout, fp8_recipe, ep, imbalance, dispatcher,
+                 expert_tp)
     ops = moe_block(spec, g)
     directions = []
     for direction in ("forward", "backward"):
@@ -90,8 +91,8 @@ def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int,
 def moe_block_terms(spec: ModelSpec, system: SystemSpec, settings: tuple, tokens: np.ndarray, tp: np.ndarray,
                     ep: np.ndarray, g_tp: np.ndarray, g_ep: np.ndarray, sp: np.ndarray) -> dict[str, np.ndarray]:
     """`FIELDS` as arrays, one element per plan of `tokens` (b·s/cp) per GPU. `settings`: (activation bytes,
-    activation precision, fp8 recipe or None, dropout, tp_overlap, expert_imbalance, ep_overlap, dispatcher), what every
-    plan of the call shares."""
+    activation precision, fp8 recipe or None, dropout, tp_overlap, expert_imbalance, ep_overlap, dispatcher,
+    expert_tp), what every plan of the call shares."""
     cache_key = (id(spec), id(system), settings)
     if cache_key not in _TABLES:
         if len(_TABLES) >= _MAX_TABLES:
@@ -132,7 +133,8 @@ def attention_tp(overlap, qkv_c, out_c, rs_block, ar_block) -> tuple[tuple, tupl
 def expert_dp_terms(mc: Any, experts: np.ndarray, ep: np.ndarray, n_dp: np.ndarray, g_dp: np.ndarray, cap: float,
                     gb: int, e: int, fp8_gather: bool) -> dict[str, np.ndarray]:
     """The expert gradients' reduction (all-reduce or reduce-scatter, size-based buckets) and the expert weights'
-    gather over the dp x cp / ep expert-data-parallel ranks (`evaluate`: only where ep > 1 leaves experts)."""
+    gather over the n_dp / ep expert-data-parallel ranks (`evaluate`: only where ep > 1 leaves experts); n_dp and
+    g_dp are the ranks EP is carved out of (dp x cp, x tp with whole experts) and how many share a domain."""
     n_edp, g_edp = n_dp / ep, np.maximum(1.0, np.floor(g_dp / ep))
     some = experts > 0
     n_full = np.maximum(0, np.ceil(experts / cap) - 1)

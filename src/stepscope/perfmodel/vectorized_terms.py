@@ -221,12 +221,14 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     # (dense, MoE) blocks of each stage: a MoE model's leading dense blocks sit on the first stage (`stages.py`)
     n_layers, n_moe = spec.n_layers, spec.moe_layers
     dense_total = n_layers - n_moe
+    # the ranks expert parallelism is carved out of (dp x cp, and tp with whole experts) and how many share a domain
+    n_fold, g_fold = (n_dp * t, g_dp * g_tp) if c.expert_tp == 1 else (n_dp, g_dp)
     if spec.is_moe:
         first_d = np.minimum(dense_total, first_l)
         counts = {"first": (first_d, first_l - first_d), "mid": (zeros, mid_l), "last": (zeros, last_l)}
         block = moe_block_terms(spec, system, (e, act_precision, c.fp8_recipe if fp8 else None, c.dropout, overlap,
-                                               c.expert_imbalance, c.ep_overlap, c.dispatcher),
-                                c.micro_batch * (seq // c.cp), c.tp, c.ep, g_tp, np.minimum(c.ep, g_dp),
+                                               c.expert_imbalance, c.ep_overlap, c.dispatcher, c.expert_tp),
+                                c.micro_batch * (seq // c.cp), c.tp, c.ep, g_tp, np.minimum(c.ep, g_fold),
                                 c.sequence_parallel)
         # one attention block: its norm, QKV and output projections (the MoE block has its own norm)
         att_p = (norm_p + h * (q + 2 * kv) / t + ((q + 2 * kv) / t if spec.attn_bias else 0.0) + q * h / t
@@ -276,7 +278,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
              "weights_s_z3": mc.reduce_scatter(gathered, n_shard, g_shard),
              "first_bucket_z3": mc.reduce_scatter(np.minimum(1.0, cap / params) * gathered, n_shard, g_shard)}
     if spec.is_moe:  # expert gradients (ep > 1): reduced and gathered over the dp x cp / ep ranks
-        terms.update(expert_dp_terms(mc, experts, c.ep.astype(float), n_dp, g_dp, cap, gb, e, fp8_gather))
+        terms.update(expert_dp_terms(mc, experts, c.ep.astype(float), n_fold, g_fold, cap, gb, e, fp8_gather))
         terms["weights_s"] = terms["weights_s"] + terms["exp_weights"]
         terms["weights_s_z3"] = terms["weights_s_z3"] + terms["exp_weights_z3"]
 
@@ -289,7 +291,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
             tensors = tensors + param_tensors(spec, 0, False, False, 1) * critical_moe
         per_param = optimizer_bytes_per_param(act_precision, gb)
         for name, local in (("opt_full", params + experts),
-                            ("opt_sharded", params / n_shard + experts / (n_dp / c.ep))):
+                            ("opt_sharded", params / n_shard + experts / (n_fold / c.ep))):
             terms[name] = (np.maximum(OPTIMIZER_FLOPS_PER_PARAM * local / mc.optimizer_peak,
                                       local * per_param / mc.bandwidth) + tensors * mc.overhead)
     else:
@@ -334,7 +336,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
         "one_params": one_p, "first_experts": first_e, "mid_experts": mid_e, "last_experts": last_e,
         "one_experts": one_e, "moe_params": moe_p, "expert_params": expert_p, "first_dense": counts["first"][0],
         "first_moe": counts["first"][1],
-        "mid_moe": counts["mid"][1], "last_moe": counts["last"][1], "edp": n_dp / c.ep,
+        "mid_moe": counts["mid"][1], "last_moe": counts["last"][1], "edp": n_fold / c.ep,
         "flops_full": layer_flops + square, "flops_selective": np.where(flash, 0.0, square)})
     if spec.is_moe:  # a MoE layer: the attention block (as above) and the MoE block
         att_tp_fwd, att_tp_bwd = attention_tp(tp_hides, qkv_c, out_c, rs_block, ar_block)

@@ -88,6 +88,10 @@ class ParallelPlan:
     expert_imbalance: float = 1.0
     """Load imbalance of the routed experts: tokens of the busiest EP rank / the mean (1.0: perfectly balanced,
     what an auxiliary-loss or bias-balanced router approaches); scales that rank's expert GEMMs and all-to-all."""
+    expert_tp: int = 0
+    """0: routed experts tensor-parallel over tp like the dense MLP; 1: each expert whole on one GPU and the EP
+    group folded over the tp x dp x cp ranks (Megatron-Core's --expert-tensor-parallel-size 1, 'MoE parallel
+    folding': no TP exchange around the experts, each TP rank dispatches its own sequence-parallel tokens)."""
     dispatcher: str = "alltoall"
     """MoE token dispatcher (see DISPATCHERS)."""
     ep_overlap: bool = False
@@ -111,6 +115,9 @@ class ParallelPlan:
         if isinstance(self.expert_imbalance, bool) or not self.expert_imbalance >= 1.0:
             raise UsageError(f"expert_imbalance must be at least 1 (max/mean tokens per expert), "
                              f"got {self.expert_imbalance!r}")
+        if self.expert_tp not in (0, 1):
+            raise UsageError(f"expert_tp must be 0 (experts split over tp) or 1 (whole experts), "
+                             f"got {self.expert_tp!r}")
         if self.dispatcher not in DISPATCHERS:
             raise UsageError(f"dispatcher must be one of {'|'.join(DISPATCHERS)}, got {self.dispatcher!r}")
         if self.fp8_recipe not in FP8_RECIPES:
@@ -137,9 +144,9 @@ class ParallelPlan:
 
     @property
     def expert_dp(self) -> int:
-        """Ranks holding the same experts (dp x cp / ep): expert gradients are reduced, and their ZeRO state
-        sharded, over them."""
-        return self.dp_cp // self.ep
+        """Ranks holding the same experts (dp x cp / ep; tp x dp x cp / ep with whole experts): expert gradients
+        are reduced, and their ZeRO state sharded, over them."""
+        return self.dp_cp * (self.tp if self.expert_tp == 1 else 1) // self.ep
 
     @property
     def replicas(self) -> int:
@@ -189,7 +196,7 @@ class ParallelPlan:
                   f"v{self.interleave}" if self.interleave > 1 else "", "" if self.flash_attention else "no-flash",
                   f"imbalance{self.expert_imbalance:g}" if self.expert_imbalance != 1.0 else "",
                   self.dispatcher if self.dispatcher != "alltoall" else "", "ep-overlap" if self.ep_overlap else ""]
-        ep = f"ep{self.ep} " if self.ep > 1 else ""
+        ep = f"ep{self.ep} " + ("etp1 " if self.expert_tp == 1 and self.tp > 1 else "") if self.ep > 1 else ""
         return (f"dp{self.dp} tp{self.tp} pp{self.pp} cp{self.cp} {ep}mb{self.micro_batch} "
                 + " ".join(e for e in extras if e)).strip()
 
@@ -231,6 +238,11 @@ class Constraint:
     name: str
     test: Callable[[Any, Facts], Any]
     message: Callable[[Any, Facts], str]
+
+
+def _expert_ranks(p: Any) -> Any:
+    """Ranks the EP group is carved out of: dp x cp, and the tp ranks too with whole experts (expert_tp 1)."""
+    return p.dp * p.cp * (1 + (p.tp - 1) * (p.expert_tp == 1))
 
 
 def _local_batch(p: Any, f: Facts) -> Any:
@@ -309,9 +321,11 @@ CONSTRAINTS: tuple[Constraint, ...] = (
                lambda p, f: f"ep={p.ep} needs a Mixture-of-Experts model (n_experts > 0)"),
     Constraint("ep divides n_experts", lambda p, f: (f.n_experts == 0) | (f.n_experts % p.ep == 0),
                lambda p, f: f"ep={p.ep} does not divide n_experts={f.n_experts}"),
-    Constraint("ep divides dp x cp", lambda p, f: (p.dp * p.cp) % p.ep == 0,
-               lambda p, f: f"ep={p.ep} does not divide the dp x cp = {p.dp * p.cp} ranks it is carved out of"),
-    Constraint("tp divides expert_d_ff", lambda p, f: (f.n_experts == 0) | (f.expert_d_ff % p.tp == 0),
+    Constraint("ep divides dp x cp", lambda p, f: (_expert_ranks(p)) % p.ep == 0,
+               lambda p, f: f"ep={p.ep} does not divide the dp x cp{' x tp' if p.expert_tp == 1 else ''} = "
+                            f"{_expert_ranks(p)} ranks it is carved out of"),
+    Constraint("tp divides expert_d_ff",
+               lambda p, f: (f.n_experts == 0) | (p.expert_tp == 1) | (f.expert_d_ff % p.tp == 0),
                lambda p, f: f"tp={p.tp} does not divide expert_d_ff={f.expert_d_ff}"),
     Constraint("MoE with tp > 1 needs sequence parallel",
                lambda p, f: (f.n_experts == 0) | (p.tp == 1) | (p.sequence_parallel == True),  # noqa: E712

@@ -56,6 +56,8 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     add_config_option(group, ParallelPlan, "--dispatcher", "MoE token dispatcher: alltoall (every expert copy "
                       "by all-to-all) | deepep (once per node, fanned out over NVLink; DeepEP, HybridEP) | deepep-fp8 "
                       "(and an fp8 forward dispatch in fp8 runs, as DeepSeek-V3)")
+    add_config_option(group, ParallelPlan, "--expert-tp", "MoE experts: 0 split over tp like the dense MLP | 1 whole "
+                      "on each GPU, EP folded over the TP ranks (Megatron-Core's expert-tensor-parallel size 1)")
 
 
 def training_from_args(args: argparse.Namespace) -> ModelledWorkload:
@@ -66,11 +68,12 @@ def training_from_args(args: argparse.Namespace) -> ModelledWorkload:
                             mode=one_value(args.mode, choice(*MODES), "--mode"))
 
 
-def switches_from_args(args: argparse.Namespace) -> dict[str, bool | str]:
+def switches_from_args(args: argparse.Namespace) -> dict[str, bool | str | int]:
     """The execution switches (`add_training_options`) as `ParallelPlan` / `SearchSpace` fields."""
     return {"dropout": args.dropout, "fp32_grads": args.fp32_grads, "dp_overlap": not args.no_dp_overlap,
             "tp_overlap": args.tp_overlap, "ep_overlap": args.ep_overlap,
-            "dispatcher": one_value(args.dispatcher, choice(*DISPATCHERS), "--dispatcher")}
+            "dispatcher": one_value(args.dispatcher, choice(*DISPATCHERS), "--dispatcher"),
+            "expert_tp": int(one_value(args.expert_tp, choice("0", "1"), "--expert-tp"))}
 
 
 def add_plan_options(parser: argparse.ArgumentParser) -> None:
