@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -99,6 +100,14 @@ def entry_point() -> NoReturn:
     # the work is over and its exit code decided: a Ctrl-C arriving during interpreter shutdown must not
     # turn it into a death by SIGINT
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if code == 130:
+        # CPython remembers a KeyboardInterrupt that escaped any code run through PyRun_* (some extension
+        # imports do) even when our handler caught it later, and then kills itself with SIGINT after
+        # finalizing (Py_RunMain's _Py_UnhandledKeyboardInterrupt): exit 130 without finalizing instead;
+        # every finished point is already on disk
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 
