@@ -113,7 +113,8 @@ def test_rules_work_element_wise_on_arrays_like_on_one_plan(model):
               "sequence_parallel": rng.random(n) < 0.5,
               # uneven stages (0: even) and shard groups, valid and not
               "first_stage_layers": rng.choice([0, 0, 1, 11, 12], n), "last_stage_layers": rng.choice([0, 0, 1, 12], n),
-              "shard_group": rng.choice([0, 0, 1, 2, 4], n), "ep": rng.choice([1, 1, 2, 3, 4, 8], n)}
+              "shard_group": rng.choice([0, 0, 1, 2, 4], n), "ep": rng.choice([1, 1, 2, 3, 4, 8], n),
+              "expert_tp": rng.choice([0, 1], n)}
 
     class Rows:
         pass
