@@ -163,10 +163,8 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     # timing.hides: TP overlap only inside one fast domain (a plain bool when no plan overlaps)
     tp_hides = overlap & (g_tp >= t) if overlap else False
     if overlap:
-        sp_fwd = (_exposed(rs_block, qkv_c, tp_hides) + _exposed(rs_block, out_c, tp_hides)
-                  + _exposed(rs_block, up_c, tp_hides) + _exposed(rs_block, dn_c, tp_hides))
-        sp_bwd = (_exposed(rs_block, 2 * qkv_c, tp_hides) + _exposed(rs_block, 2 * out_c, tp_hides)
-                  + _exposed(rs_block, 2 * up_c, tp_hides) + _exposed(rs_block, 2 * dn_c, tp_hides))
+        sp_fwd = sum(_exposed(rs_block, gemm, tp_hides) for gemm in (qkv_c, out_c, up_c, dn_c))
+        sp_bwd = sum(_exposed(rs_block, 2 * gemm, tp_hides) for gemm in (qkv_c, out_c, up_c, dn_c))
         ar_fwd = _exposed(ar_block, out_c, tp_hides) + _exposed(ar_block, dn_c, tp_hides)
         ar_bwd = _exposed(ar_block, 2 * qkv_c, tp_hides) + _exposed(ar_block, 2 * up_c, tp_hides)
     else:
@@ -219,10 +217,8 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     head_p_pp = head_p + (table if spec.tie_embeddings else 0.0)  # a tied projection is a copy on the last stage
     single, has_middle = c.pp == 1, c.pp > 2
     # (dense, MoE) blocks of each stage: a MoE model's leading dense blocks sit on the first stage (`stages.py`)
-    n_layers, n_moe = spec.n_layers, spec.moe_layers
-    dense_total = n_layers - n_moe
-    # the ranks expert parallelism is carved out of (dp x cp, and tp with whole experts) and how many share a domain
-    n_fold, g_fold = (n_dp * t, g_dp * g_tp) if c.expert_tp == 1 else (n_dp, g_dp)
+    n_moe, dense_total = spec.moe_layers, spec.n_layers - spec.moe_layers
+    n_fold, g_fold = (n_dp * t, g_dp * g_tp) if c.expert_tp == 1 else (n_dp, g_dp)  # EP's ranks, and per domain
     if spec.is_moe:
         first_d = np.minimum(dense_total, first_l)
         counts = {"first": (first_d, first_l - first_d), "mid": (zeros, mid_l), "last": (zeros, last_l)}
