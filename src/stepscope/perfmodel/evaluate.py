@@ -26,7 +26,6 @@ from stepscope.perfmodel.timing import (
     bucket_layout,
     dp_exposed,
     exposed,
-    hides,
     op_time,
     optimizer_time,
 )
@@ -145,8 +144,7 @@ def direction_span(ops: Sequence[Op], direction: str, system: SystemSpec, precis
             window += timed.compute_s
         for comm in cost.comms:
             seconds = comm.seconds(layout[comm.group], system.network)
-            hidden = exposed(seconds, timed.compute_s,
-                             hides(comm.group, comm.size, layout[comm.group], overlap and comm.overlappable))
+            hidden = exposed(seconds, timed.compute_s, comm.hides(layout[comm.group], overlap))
             if comm.group == "cp":
                 cp += hidden
             elif comm.group == "ep":

@@ -13,7 +13,7 @@ from typing import Any
 from stepscope.perfmodel.evaluate import geometry, group_layout
 from stepscope.perfmodel.memory import layer_kinds
 from stepscope.perfmodel.ops import Cost, Op, activation_precision
-from stepscope.perfmodel.timing import exposed, hides, op_time
+from stepscope.perfmodel.timing import exposed, op_time
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
 from stepscope.spec.plan import ParallelPlan
 from stepscope.spec.system import SystemSpec
@@ -64,8 +64,7 @@ def _row(op: Op, workload: Workload, plan: ParallelPlan, system: SystemSpec, lay
         for c in cost.comms:
             seconds = c.seconds(layout[c.group], system.network)
             comm += seconds
-            total += exposed(seconds, timed.compute_s,
-                             hides(c.group, c.size, layout[c.group], plan.tp_overlap and c.overlappable))
+            total += exposed(seconds, timed.compute_s, c.hides(layout[c.group], plan.tp_overlap))
     weights = op.params * e
     return {"layer": op.name, "_block": op.block, "_flops": op.forward.flops, "_bytes": op.forward.bytes,
             "flops_fwd_GFLOP": op.forward.flops / 1e9, "act_mem_MiB": op.saved_bytes / MiB,

@@ -32,6 +32,13 @@ class Collective:
         """Time on a network where `g` of the group's ranks share a fast domain."""
         return collective_time(self.kind, self.bytes, self.size, g, network, self.copies, self.reach)
 
+    def hides(self, g: int, overlap: bool) -> bool:
+        """Whether it may hide behind its op's compute when the plan overlaps, `g` of its ranks sharing a fast
+        domain: a tensor-parallel one only when its whole group does, since the GEMM-fused exchanges
+        (Transformer Engine's userbuffers, PyTorch's symmetric-memory async TP) read and write the peers' memory
+        through CUDA peer-to-peer access, which GPUs of different nodes do not share."""
+        return overlap and self.overlappable and (self.group != "tp" or g >= self.size)
+
 
 @dataclass(frozen=True)
 class Cost:

@@ -6,7 +6,7 @@ overlap and the optimizer step (scalar reference; `vectorized.py` has the array 
   attention) and FLOPs / vector peak for elementwise ops; memory = bytes / (HBM bandwidth·efficiency).
 - A tensor/context-parallel collective is exposed, unless the plan overlaps it with its op, in which case
   only what exceeds the op's compute time shows (TP collectives only when the TP group is inside one fast
-  domain: `hides`).
+  domain: `Collective.hides`).
 - Pipeline (1F1B, v virtual chunks): bubble = (p−1)/v x (forward + backward of one micro-batch on the
   slowest stage), i.e. a fraction (p−1)/(v·m) of the m micro-batches' time.
 - Data-parallel reduction overlaps the last micro-batch's backward, except the last bucket, which can
@@ -50,14 +50,6 @@ def op_time(cost: Cost, kind: str, accelerator: Accelerator, precision: str) -> 
         compute = cost.flops / (accelerator.matrix_peak(precision) * efficiency) if cost.flops else 0.0
     memory = cost.bytes / accelerator.memory_bytes_per_s
     return OpTime(compute, memory, cost.kernels * accelerator.kernel_overhead_us * 1e-6)
-
-
-def hides(kind_group: str, size: int, members_in_domain: int, overlap: bool) -> bool:
-    """Whether a collective of `kind_group` (tp, cp, ...) may hide behind its op's compute when the plan
-    overlaps: a tensor-parallel one only when its group sits inside one fast domain, since the GEMM-fused
-    exchanges (Transformer Engine's userbuffers, PyTorch's symmetric-memory async TP) read and write the peers'
-    memory through CUDA peer-to-peer access, which GPUs of different nodes do not share."""
-    return overlap and (kind_group != "tp" or members_in_domain >= size)
 
 
 def exposed(comm_s: float, compute_s: float, overlap: bool) -> float:

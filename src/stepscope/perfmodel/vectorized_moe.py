@@ -19,7 +19,7 @@ import numpy as np
 
 from stepscope.perfmodel.ops import Geometry
 from stepscope.perfmodel.ops_moe import moe_block
-from stepscope.perfmodel.timing import exposed, hides, op_time
+from stepscope.perfmodel.timing import exposed, op_time
 from stepscope.spec import ModelSpec
 from stepscope.spec.system import SystemSpec
 
@@ -80,8 +80,7 @@ def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int,
             if comm.group == "ep" and ep_overlap:
                 out[f"ep_{short}"] += seconds
             else:
-                out[f"{comm.group}_{short}"] += exposed(
-                    seconds, compute_s, hides(comm.group, comm.size, layout[comm.group], overlap and comm.overlappable))
+                out[f"{comm.group}_{short}"] += exposed(seconds, compute_s, comm.hides(layout[comm.group], overlap))
         if ep_overlap:  # evaluate.direction_span: the all-to-alls behind the block's GEMMs
             out[f"ep_{short}"] = max(0.0, out[f"ep_{short}"] - window)
     out.update(zip(("params", "expert_params", "fp8_params", "saved", "saved_max", "flops"), ops[1], strict=True))
@@ -121,7 +120,7 @@ def moe_block_terms(spec: ModelSpec, system: SystemSpec, settings: tuple, tokens
 def attention_tp(overlap, qkv_c, out_c, rs_block, ar_block) -> tuple[tuple, tuple]:
     """Exposed TP collectives of an attention block alone, ((sequence-parallel, all-reduce) forward, (...)
     backward): `vectorized_terms`' layer formulas without the MLP's two GEMMs. `overlap`: per plan, whether
-    its TP collectives hide (`timing.hides`)."""
+    its TP collectives hide (`Collective.hides`)."""
     def hidden(comm, compute):
         return np.where(overlap, np.maximum(0.0, comm - compute), comm)
 

@@ -160,7 +160,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
 
     # ---- exposed TP / CP collectives of one layer --------------------------------------------------
     tp_on = t > 1
-    # timing.hides: TP overlap only inside one fast domain (a plain bool when no plan overlaps)
+    # Collective.hides: TP overlap only inside one fast domain (a plain bool when no plan overlaps)
     tp_hides = overlap & (g_tp >= t) if overlap else False
     if overlap:
         sp_fwd = sum(_exposed(rs_block, gemm, tp_hides) for gemm in (qkv_c, out_c, up_c, dn_c))
