@@ -1,6 +1,7 @@
 """Mixture-of-Experts in the performance model: op accounting against the spec's closed forms, expert
 parallelism in plans, memory and time, the all-to-all cost, the planner's EP search and the MoE dataset."""
 
+import dataclasses
 import math
 
 import pytest
@@ -13,6 +14,7 @@ from stepscope.perfmodel.ops import Geometry, embedding_ops, head_ops
 from stepscope.perfmodel.ops_moe import moe_block
 from stepscope.perfmodel.published import load_dataset
 from stepscope.perfmodel.search import SearchSpace, search
+from stepscope.perfmodel.timing import dispatcher_sm_share, overlapped_exchange
 from stepscope.perfmodel.validate import median_abs_error, validate
 from stepscope.spec import Workload, get_preset
 from stepscope.spec.plan import ParallelPlan
@@ -164,6 +166,26 @@ def test_expert_parallelism_shards_state_and_costs_all_to_all():
     # a capacity-limited router drops what exceeds its capacity: the imbalance is bounded by it
     capped = evaluate(spec.replace(capacity_factor=1.25), workload, base.replace(ep=8, expert_imbalance=1.5), H100)
     assert eight.step_s < capped.step_s < imbalanced.step_s
+
+
+def test_deepep_holds_its_sms_while_it_overlaps_the_gemms():
+    # hand calculation: the GEMMs run on 1 - share of the SMs while the exchange lasts
+    assert overlapped_exchange(1.0, 3.0, 0.15) == pytest.approx(0.15)  # hidden: the SM share is the cost
+    assert overlapped_exchange(5.0, 3.0, 0.15) == pytest.approx(2.0)  # longer than the GEMMs: its excess
+    assert overlapped_exchange(1.0, 3.0, 0.0) == 0.0 and overlapped_exchange(5.0, 3.0, 0.0) == 2.0
+    assert dispatcher_sm_share("deepep", H100.accelerator) == pytest.approx(20 / 132)
+    assert dispatcher_sm_share("alltoall", H100.accelerator) == 0.0
+    unknown = H100.replace(accelerator=dataclasses.replace(H100.accelerator, sm_count=0))
+    assert dispatcher_sm_share("deepep", unknown.accelerator) == 0.0
+    # EP 8 inside one node: the exchanges are shorter than the expert GEMMs, so with overlap they cost
+    # exactly DeepEP's 20 of 132 SMs of their own time; a system without an SM count hides them entirely
+    spec = get_preset("mixtral-8x7b")
+    workload = Workload(batch=256, seq=4096, precision="bf16", mode="train")
+    plan = ParallelPlan(dp=16, pp=4, zero=1, interleave=8, micro_batch=1, ep=8, dispatcher="deepep")
+    exposed = evaluate(spec, workload, plan, H100).breakdown["ep_comm"]
+    overlapped = evaluate(spec, workload, plan.replace(ep_overlap=True), H100).breakdown["ep_comm"]
+    assert overlapped == pytest.approx(20 / 132 * exposed, rel=1e-9)
+    assert evaluate(spec, workload, plan.replace(ep_overlap=True), unknown).breakdown["ep_comm"] == 0.0
 
 
 def test_dense_leading_layers_sit_on_the_first_stage():

@@ -24,10 +24,12 @@ from stepscope.perfmodel.timing import (
     DEFAULT_BUCKET_MIB,
     bubble,
     bucket_layout,
+    dispatcher_sm_share,
     dp_exposed,
     exposed,
     op_time,
     optimizer_time,
+    overlapped_exchange,
 )
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
 from stepscope.spec.plan import DIMENSIONS, ParallelPlan
@@ -131,10 +133,11 @@ def group_layout(plan: ParallelPlan, domain_size: int) -> dict[str, int]:
 
 
 def direction_span(ops: Sequence[Op], direction: str, system: SystemSpec, precision: str,
-                   layout: dict[str, int], overlap: bool, ep_overlap: bool = False) -> Span:
+                   layout: dict[str, int], overlap: bool, ep_overlap: bool = False, sm_share: float = 0.0) -> Span:
     """Time of `ops` in one direction (forward or backward), with their TP/CP/EP collectives. `precision` is the
     activations'; an op flagged fp8 runs its GEMM at the fp8 rate. With `ep_overlap` the all-to-alls hide
-    behind the MoE blocks' GEMMs (`ParallelPlan.ep_overlap`)."""
+    behind the MoE blocks' GEMMs (`ParallelPlan.ep_overlap`), slowing them by the `sm_share` of the SMs the
+    dispatcher holds (`timing.overlapped_exchange`)."""
     compute = tp = cp = ep = window = 0.0
     for op in ops:
         cost = getattr(op, direction)
@@ -152,7 +155,7 @@ def direction_span(ops: Sequence[Op], direction: str, system: SystemSpec, precis
             else:
                 tp += hidden
     if ep_overlap:
-        ep = max(0.0, ep - window)
+        ep = overlapped_exchange(ep, window, sm_share)
     return Span(compute, tp, cp, ep)
 
 
@@ -170,9 +173,10 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
     m = plan.micro_batches(workload.batch)
     layout = group_layout(plan, network.domain_size)
     backward = mode != "fwd"
+    sm_share = dispatcher_sm_share(plan.dispatcher, acc)
 
     def span(ops: Sequence[Op], direction: str) -> Span:
-        return direction_span(ops, direction, system, act, layout, plan.tp_overlap, plan.ep_overlap)
+        return direction_span(ops, direction, system, act, layout, plan.tp_overlap, plan.ep_overlap, sm_share)
 
     # a dense block and (Mixture-of-Experts models) a MoE block: forward, backward, recomputation
     layer, moe_layer = layer_kinds(spec, g)

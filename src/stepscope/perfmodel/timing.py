@@ -7,6 +7,9 @@ overlap and the optimizer step (scalar reference; `vectorized.py` has the array 
 - A tensor/context-parallel collective is exposed, unless the plan overlaps it with its op, in which case
   only what exceeds the op's compute time shows (TP collectives only when the TP group is inside one fast
   domain: `Collective.hides`).
+- Expert-parallel exchanges overlapped with the MoE block's GEMMs (`ParallelPlan.ep_overlap`) hide behind
+  them, but a dispatcher whose kernels hold SMs (DeepEP: 20) leaves the GEMMs the rest while it runs:
+  what the pair adds to the GEMMs is max(share x exchange, exchange − GEMMs) (`overlapped_exchange`).
 - Pipeline (1F1B, v virtual chunks): bubble = (p−1)/v x (forward + backward of one micro-batch on the
   slowest stage), i.e. a fraction (p−1)/(v·m) of the m micro-batches' time.
 - Data-parallel reduction overlaps the last micro-batch's backward, except the last bucket, which can
@@ -24,6 +27,13 @@ from stepscope.perfmodel.ops import Cost
 from stepscope.spec.system import Accelerator
 
 DEFAULT_BUCKET_MIB = 25.0  # PyTorch DDP's default bucket_cap_mb
+
+DISPATCHER_SMS = {"alltoall": 0, "deepep": 20, "deepep-fp8": 20}
+"""SMs a MoE dispatcher's kernels hold while they run. DeepEP: 20, DeepSeek-V3's own figure (§3.2.2: "only 20
+SMs are sufficient to fully utilize the bandwidths of IB and NVLink"; §3.5.1: "20 out of the 132 SMs available
+in the H800 GPU") and the default of Megatron-Core (`moe_deepep_num_sms`) and NeMo AutoModel. HybridEP, which
+`deepep` also stands for, runs on 32 in Megatron-Bridge's recipes; none of the validation runs overlaps it.
+NCCL's all-to-all runs on SMs too, but on as many channels as NCCL's tuning picks: not modelled (0)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,19 @@ def op_time(cost: Cost, kind: str, accelerator: Accelerator, precision: str) -> 
 def exposed(comm_s: float, compute_s: float, overlap: bool) -> float:
     """Communication left on the critical path after overlapping it (or not) with `compute_s`."""
     return max(0.0, comm_s - compute_s) if overlap else comm_s
+
+
+def dispatcher_sm_share(dispatcher: str, accelerator: Accelerator) -> float:
+    """Fraction of the GPU's SMs `dispatcher` holds while it runs (0 where either count is unknown)."""
+    sms = DISPATCHER_SMS[dispatcher]
+    return min(1.0, sms / accelerator.sm_count) if sms and accelerator.sm_count else 0.0
+
+
+def overlapped_exchange(exchange_s: float, gemm_s: float, sm_share: float) -> float:
+    """What `exchange_s` of expert-parallel exchanges add to the `gemm_s` of GEMMs they overlap, holding
+    `sm_share` of the SMs: while they run the GEMMs get 1 − share of the GPU, so the pair takes
+    gemm + share·exchange, or the exchange itself once that is longer; max(share·exchange, exchange − gemm)."""
+    return max(sm_share * exchange_s, exchange_s - gemm_s)
 
 
 def bubble(pp: int, interleave: int, per_micro_batch_s: float) -> float:

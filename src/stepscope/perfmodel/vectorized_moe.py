@@ -19,7 +19,7 @@ import numpy as np
 
 from stepscope.perfmodel.ops import Geometry
 from stepscope.perfmodel.ops_moe import moe_block
-from stepscope.perfmodel.timing import exposed, op_time
+from stepscope.perfmodel.timing import dispatcher_sm_share, exposed, op_time, overlapped_exchange
 from stepscope.spec import ModelSpec
 from stepscope.spec.system import SystemSpec
 
@@ -70,6 +70,7 @@ def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int,
     """One MoE block's terms: the reference's ops (`_ops`) and their collectives timed on the block's layout,
     summed in the reference's order."""
     overlap, ep_overlap = settings[4], settings[6]
+    sm_share = dispatcher_sm_share(settings[7], system.accelerator)
     g_tp, g_ep = key[3], key[4]
     layout = {"tp": g_tp, "ep": g_ep}
     out = dict.fromkeys(FIELDS, 0.0)
@@ -82,7 +83,7 @@ def _block(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int,
             else:
                 out[f"{comm.group}_{short}"] += exposed(seconds, compute_s, comm.hides(layout[comm.group], overlap))
         if ep_overlap:  # evaluate.direction_span: the all-to-alls behind the block's GEMMs
-            out[f"ep_{short}"] = max(0.0, out[f"ep_{short}"] - window)
+            out[f"ep_{short}"] = overlapped_exchange(out[f"ep_{short}"], window, sm_share)
     out.update(zip(("params", "expert_params", "fp8_params", "saved", "saved_max", "flops"), ops[1], strict=True))
     return tuple(out[name] for name in FIELDS)
 

@@ -55,6 +55,9 @@ class Accelerator:
     """Fused attention kernels reach this fraction of the matrix efficiency of an equal-sized GEMM."""
     reserved_GiB: float = 0.0
     """Device memory not available to the model (runtime context, communication buffers, fragmentation)."""
+    sm_count: int = 0
+    """Streaming multiprocessors (compute units); 0 = unknown. A communication kernel that holds some of them
+    (DeepEP's dispatch) slows the GEMMs it runs beside by that share (`timing.overlapped_exchange`)."""
 
     def matrix_peak(self, precision: str) -> float:
         """Matrix FLOP/s for `precision`."""
@@ -240,7 +243,8 @@ def system_from_dict(data: dict[str, Any], source: str = "system") -> SystemSpec
         flash_efficiency=_positive(acc.get("flash_efficiency", defaults["flash_efficiency"]),
                                    "accelerator.flash_efficiency"),
         reserved_GiB=_positive(acc.get("reserved_GiB", defaults["reserved_GiB"]), "accelerator.reserved_GiB",
-                               allow_zero=True))
+                               allow_zero=True),
+        sm_count=_count(acc.get("sm_count", defaults["sm_count"]), "accelerator.sm_count"))
     if accelerator.reserved_GiB >= accelerator.hbm_GiB:
         raise UsageError(f"accelerator.reserved_GiB ({accelerator.reserved_GiB}) must be below hbm_GiB "
                          f"({accelerator.hbm_GiB})")
@@ -257,6 +261,12 @@ def system_from_dict(data: dict[str, Any], source: str = "system") -> SystemSpec
                       inter=_tier(net["inter"], "network.inter"))
     return SystemSpec(name=str(data["name"]), accelerator=accelerator, network=network,
                       description=str(data.get("description", "")))
+
+
+def _count(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UsageError(f"{name} must be a non-negative integer, got {value!r}")
+    return value
 
 
 def parse_system_toml(text: str, source: str = "system") -> SystemSpec:
