@@ -7,8 +7,10 @@ import pytest
 
 from stepscope.errors import UsageError
 from stepscope.perfmodel import evaluate
+from stepscope.perfmodel import search as search_module
 from stepscope.perfmodel.candidates import PLACEMENTS, canonical_placements
 from stepscope.perfmodel.search import MEMORY_RULE, SearchSpace, search
+from stepscope.perfmodel.search_pool import pool_size
 from stepscope.spec import Workload, get_preset
 from stepscope.spec.plan import DIMENSIONS, ParallelPlan
 from stepscope.spec.system import load_system
@@ -44,7 +46,7 @@ def brute_force(gpus: int) -> dict:
 
 
 def test_search_equals_brute_force_and_returns_only_feasible_valid_plans():
-    result = search(SPEC, WORKLOAD, SYSTEM, 4, SPACE, top_k=5, threads=2)
+    result = search(SPEC, WORKLOAD, SYSTEM, 4, SPACE, top_k=5, workers=2)
     expected = brute_force(4)
     assert result.feasible == len(expected) > 0
     assert result.evaluated > result.feasible and result.rejected[MEMORY_RULE] == result.evaluated - result.feasible
@@ -57,6 +59,19 @@ def test_search_equals_brute_force_and_returns_only_feasible_valid_plans():
         assert p.memory.feasible and metrics["feasible"]
         assert metrics["tokens_per_s"] == pytest.approx(p.tokens_per_s, rel=1e-9)
         assert metrics["mem_GiB"] == pytest.approx(p.memory.total / 2**30, rel=1e-9)
+
+
+def test_worker_processes_find_what_one_process_finds(monkeypatch):
+    # small chunks so that a search of 16 GPUs has many: the forked workers share them out
+    monkeypatch.setattr(search_module, "CHUNK", 256)
+    spec = get_preset("tiny-moe")
+    workload = Workload(batch=32, seq=256, precision="fp32", mode="train")
+    alone, pooled = (search(spec, workload, SYSTEM, 16, SearchSpace(), top_k=5, workers=w) for w in (1, 2))
+    assert pooled.workers == 2 and alone.workers == 1
+    assert (pooled.evaluated, pooled.feasible, pooled.rejected) == (alone.evaluated, alone.feasible, alone.rejected)
+    assert [(p, m["tokens_per_s"], m["equivalent_plans"]) for p, m in pooled.top] == \
+        [(p, m["tokens_per_s"], m["equivalent_plans"]) for p, m in alone.top]
+    assert pool_size(8, 1) == 1 and pool_size(3, 10) == 3
 
 
 def test_canonical_placements_are_k_factorial():

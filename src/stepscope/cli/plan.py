@@ -41,7 +41,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add_search_options(parser)
     add_config_option(parser, PlanConfig, "--top", "how many plans to print")
     parser.add_argument("--explain", action="store_true", help="print how many candidates each rule rejected")
-    add_config_option(parser, PlanConfig, "--threads", "evaluation threads")
+    add_config_option(parser, PlanConfig, "--workers", "evaluation processes, or all (one per CPU)", none="all")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_output_options(parser, resume=False)
 
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("plan needs --global-batch")
     config = PlanConfig(model=specs[0], workload=training.workload(specs[0]), gpus=gpus, system=args.system,
                         space=space_from_args(args), top=one_value(args.top, positive_int, "--top"),
-                        threads=one_value(args.threads, positive_int, "--threads"))
+                        workers=None if args.workers == "all" else one_value(args.workers, positive_int, "--workers"))
     bar = (ProgressBar("evaluating", wanted=lambda total: total >= PROGRESS_ABOVE)
            if not args.no_progress and sys.stderr.isatty() else None)
     try:

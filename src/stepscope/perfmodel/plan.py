@@ -13,6 +13,7 @@ from stepscope.errors import UsageError
 from stepscope.perfmodel.allocator import keep_freed_memory
 from stepscope.perfmodel.runs import DEFAULT_SYSTEM, RunRecords, SystemLike, system_of
 from stepscope.perfmodel.search import SearchResult, SearchSpace, search
+from stepscope.perfmodel.search_pool import available_cpus
 from stepscope.spec import ModelSpec, Workload
 from stepscope.spec.system import SystemSpec
 
@@ -32,12 +33,15 @@ class PlanConfig:
     """The values each plan dimension may take."""
     top: int = 10
     """How many of the best feasible plans to keep."""
-    threads: int = 1
-    """Evaluation threads (numpy releases the GIL; with small chunks one thread is as fast, see `search`)."""
+    workers: int | None = None
+    """Evaluation processes (`search_pool`); None: one per CPU this process may use. The plans found do not
+    depend on it."""
 
     def check(self) -> None:
-        for name in ("gpus", "top", "threads"):
+        for name in ("gpus", "top", "workers"):
             value = getattr(self, name)
+            if name == "workers" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise UsageError(f"{name} must be a positive integer, got {value!r}")
 
@@ -54,11 +58,11 @@ class PlanOutcome:
 
     def summary(self) -> str:
         """One line: what was searched, how fast, how many plans fit."""
-        r, w, threads = self.result, self.config.workload, self.config.threads
+        r, w, workers = self.result, self.config.workload, self.result.workers
         return (f"{self.config.model.name} on {self.config.gpus} x {self.system.name}, global batch {w.batch}, seq "
                 f"{w.seq}, {w.precision}: evaluated {r.evaluated:,} candidates in {r.seconds:.2f} s "
                 f"({r.configs_per_s:,.0f} configs/s; enumeration {r.enumerate_s:.2f} s, evaluation "
-                f"{r.evaluate_s:.2f} s on {threads} thread{'s' if threads > 1 else ''}); "
+                f"{r.evaluate_s:.2f} s in {workers} process{'es' if workers > 1 else ''}); "
                 f"{r.feasible:,} fit in memory")
 
     def rejected_rows(self) -> list[dict[str, Any]]:
@@ -93,7 +97,8 @@ def run_plan(config: PlanConfig, out: str | os.PathLike | None = None, *,
     records = RunRecords(out, "plan")
     # process-wide, so here in the command's function rather than in `search`, which library users may call
     keep_freed_memory()  # the search chunks' temporaries reused, not re-mapped (allocator.py)
-    result = search(spec, workload, system, config.gpus, config.space, top_k=config.top, threads=config.threads,
+    result = search(spec, workload, system, config.gpus, config.space, top_k=config.top,
+                    workers=config.workers or available_cpus(),
                     progress=progress)
     for rank, (plan, m) in enumerate(result.top, 1):
         records.append({"model": spec.name, "model_spec": spec.to_dict(), **workload.to_dict(), "gpus": config.gpus,

@@ -7,8 +7,8 @@
 2. The surviving shapes (sequence parallelism included) are expanded into groups — one per distinct
    placement of the tp/cp/dp/pp groups on rank numbers and per attention kind — and each group into its
    members, one per (ZeRO stage, recompute mode).
-3. Chunks of candidates are evaluated by `vectorized.evaluate_many` on a few threads (group terms once per
-   group); the feasible ones (memory fits) compete for the top k by tokens/s. Every candidate counted as
+3. Chunks of candidates are evaluated by `vectorized.evaluate_many` on worker processes (`search_pool`; group
+   terms once per group); the feasible ones (memory fits) compete for the top k by tokens/s. Every candidate counted as
    evaluated gets its own step time, memory and verdict.
 """
 
@@ -17,13 +17,13 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from stepscope.errors import UsageError
 from stepscope.perfmodel.candidates import PLACEMENTS, Candidates, canonical_placements, members_per_domain
+from stepscope.perfmodel.search_pool import map_chunks, pool_size
 from stepscope.perfmodel.search_top import merge_answers, scalar, top_answers
 from stepscope.perfmodel.vectorized import evaluate_many
 from stepscope.spec import ModelSpec, Workload
@@ -112,6 +112,8 @@ class SearchResult:
     closest: tuple[ParallelPlan, dict[str, float]] | None = None
     """With no feasible plan: the candidate needing the least memory."""
     notes: list[str] = field(default_factory=list)
+    workers: int = 1
+    """Processes that evaluated the chunks."""
 
     @property
     def seconds(self) -> float:
@@ -211,9 +213,9 @@ def _placement_table(rows: _Rows, space: SearchSpace) -> tuple[np.ndarray, dict[
 
 
 def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, space: SearchSpace = SearchSpace(),
-           *, top_k: int = 10, threads: int = 1,
+           *, top_k: int = 10, workers: int = 1,
            progress: Callable[[int, int], None] | None = None) -> SearchResult:
-    """Every valid plan of `space` on `gpus` GPUs, evaluated on `threads` threads; the `top_k` feasible
+    """Every valid plan of `space` on `gpus` GPUs, evaluated on up to `workers` processes; the `top_k` feasible
     ones by tokens/s. `progress(done, total)` is called after every chunk."""
     workload.check_fits(spec.context_length)
     start = time.perf_counter()
@@ -284,18 +286,16 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
     best: list[tuple] = []
     closest: tuple | None = None
     start = time.perf_counter()
-    # numpy releases the GIL inside its array loops, so threads can share the chunks; with chunks this small
-    # the Python between the array operations dominates and one thread is as fast (measured), hence default 1
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        for n, n_ok, chunk_top, smallest in pool.map(run, chunks):
-            evaluated += n
-            feasible += n_ok
-            if chunk_top is not None:
-                best = [merge_answers(best + [chunk_top], top_k)]
-            if closest is None or smallest[0] < closest[0]:
-                closest = smallest
-            if progress:
-                progress(evaluated, total)
+    workers = pool_size(workers, len(chunks))
+    for n, n_ok, chunk_top, smallest in map_chunks(run, chunks, workers):
+        evaluated += n
+        feasible += n_ok
+        if chunk_top is not None:
+            best = [merge_answers(best + [chunk_top], top_k)]
+        if closest is None or smallest[0] < closest[0]:
+            closest = smallest
+        if progress:
+            progress(evaluated, total)
     evaluate_s = time.perf_counter() - start
     if evaluated - feasible:
         rejected[MEMORY_RULE] = evaluated - feasible
@@ -313,4 +313,4 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
         examples[MEMORY_RULE] = (f"the smallest plan needs {closest[0]:.1f} GiB per GPU of "
                                  f"{system.accelerator.capacity_bytes / 2**30:.1f} GiB")
     return SearchResult(top=top, evaluated=evaluated, feasible=feasible, rejected=rejected, examples=examples,
-                        enumerate_s=enumerate_s, evaluate_s=evaluate_s, closest=near)
+                        enumerate_s=enumerate_s, evaluate_s=evaluate_s, closest=near, workers=workers)
