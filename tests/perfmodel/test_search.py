@@ -63,7 +63,7 @@ def test_search_equals_brute_force_and_returns_only_feasible_valid_plans():
 
 def test_worker_processes_find_what_one_process_finds(monkeypatch):
     # small chunks so that a search of 16 GPUs has many: the forked workers share them out
-    monkeypatch.setattr(search_module, "CHUNK", 256)
+    monkeypatch.setattr(search_module, "CHUNK", 64)
     spec = get_preset("tiny-moe")
     workload = Workload(batch=32, seq=256, precision="fp32", mode="train")
     alone, pooled = (search(spec, workload, SYSTEM, 16, SearchSpace(), top_k=5, workers=w) for w in (1, 2))

@@ -286,7 +286,8 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
     best: list[tuple] = []
     closest: tuple | None = None
     start = time.perf_counter()
-    workers = pool_size(workers, len(chunks))
+    # a search of less than a chunk's worth of candidates is over before worker processes would have started
+    workers = pool_size(workers, len(chunks)) if total > CHUNK else 1
     for n, n_ok, chunk_top, smallest in map_chunks(run, chunks, workers):
         evaluated += n
         feasible += n_ok
