@@ -3,8 +3,9 @@ Python between them holds the GIL most of the time and threads barely help (meas
 
 The workers are forked after the chunks and their evaluation function are set here, so they inherit both
 (and the model's tables) without pickling; only each chunk's small answer comes back. They ignore SIGINT:
-Ctrl-C reaches the parent, which stops them. Where `fork` does not exist, or with one worker, the chunks
-run in this process.
+Ctrl-C reaches the parent, which stops them. Only on Linux (macOS makes `fork` unsafe once system frameworks
+such as Accelerate have run, and Windows has none) and with more than one worker; otherwise the chunks run in
+this process.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -38,8 +40,8 @@ def _run(index: int) -> Any:
 
 
 def pool_size(workers: int, chunks: int) -> int:
-    """Processes that `map_chunks` uses for `chunks` chunks: at most one per chunk, one without `fork`."""
-    if "fork" not in multiprocessing.get_all_start_methods():
+    """Processes that `map_chunks` uses for `chunks` chunks: at most one per chunk, one off Linux."""
+    if not sys.platform.startswith("linux"):
         return 1
     return max(1, min(workers, chunks))
 
@@ -47,10 +49,10 @@ def pool_size(workers: int, chunks: int) -> int:
 def map_chunks(run: Callable[[Any], Any], chunks: Sequence[Any], workers: int) -> Iterator[Any]:
     """`run(chunk)` for every chunk, in order, on `pool_size(workers, len(chunks))` processes (this one if 1)."""
     global _JOB
-    if pool_size(workers, len(chunks)) <= 1:
+    workers = pool_size(workers, len(chunks))
+    if workers <= 1:
         yield from map(run, chunks)
         return
-    workers = pool_size(workers, len(chunks))
     _JOB = (run, chunks)
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_ignore_sigint)
     try:
