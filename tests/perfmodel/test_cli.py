@@ -54,7 +54,8 @@ def test_predict_and_plan_a_mixture_of_experts_model(cli, tmp_path):
     (["--precision", "fp16", "--system", "CPU-fp16-less"], "no such system file"),
     (["--model", "llama3-8b", "--gpus", "8", "--ep", "2"], "ep=2 needs a Mixture-of-Experts model"),
     (["--model", "mixtral-8x7b", "--gpus", "8", "--ep", "3"], "ep=3 does not divide n_experts=8"),
-    (["--model", "mixtral-8x7b", "--expert-imbalance", "0.5"], "expert_imbalance must be at least 1"),
+    (["--model", "mixtral-8x7b", "--expert-imbalance", "0.5"], "a finite number of at least 1"),
+    (["--model", "mixtral-8x7b", "--expert-imbalance", "inf"], "expert_imbalance must be a finite number"),
 ])
 def test_predict_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
     argv = [a.replace("CPU-fp16-less", str(tmp_path / "missing.toml")) for a in args]

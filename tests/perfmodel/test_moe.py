@@ -7,8 +7,10 @@ import math
 import pytest
 
 from stepscope.errors import UsageError
+from stepscope.perfmodel.candidates import Candidates
 from stepscope.perfmodel.collectives import all_to_all, collective_time, dispatch, reachable_domains
 from stepscope.perfmodel.evaluate import evaluate, geometry
+from stepscope.perfmodel.layers import per_layer_rows
 from stepscope.perfmodel.memory import layer_kinds
 from stepscope.perfmodel.ops import Geometry, embedding_ops, head_ops
 from stepscope.perfmodel.ops_moe import moe_block
@@ -16,9 +18,11 @@ from stepscope.perfmodel.published import load_dataset
 from stepscope.perfmodel.search import SearchSpace, search
 from stepscope.perfmodel.timing import dispatcher_sm_share, overlapped_exchange
 from stepscope.perfmodel.validate import median_abs_error, validate
+from stepscope.perfmodel.vectorized import evaluate_many
 from stepscope.spec import Workload, get_preset
 from stepscope.spec.plan import ParallelPlan
 from stepscope.spec.system import load_system
+from tests.perfmodel.test_vectorized import check
 
 H100 = load_system("H100-SXM")
 MOE = ("tiny-moe", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3-gqa")
@@ -144,8 +148,11 @@ def test_plan_rules_for_expert_parallelism(changes, message):
         ParallelPlan(**changes).check(get_preset("mixtral-8x7b"), 96, 4096)
     with pytest.raises(UsageError, match="needs a Mixture-of-Experts model"):
         ParallelPlan(dp=2, ep=2).check(get_preset("llama3-8b"), 64, 4096)
-    with pytest.raises(UsageError, match="expert_imbalance"):
-        ParallelPlan(expert_imbalance=0.5)
+    for bad in (0.5, math.inf, math.nan):
+        with pytest.raises(UsageError, match="expert_imbalance"):
+            ParallelPlan(expert_imbalance=bad)
+        with pytest.raises(UsageError, match="expert_imbalance"):
+            SearchSpace(expert_imbalance=bad)
 
 
 def test_expert_parallelism_shards_state_and_costs_all_to_all():
@@ -163,6 +170,12 @@ def test_expert_parallelism_shards_state_and_costs_all_to_all():
     # all-to-alls behind the MoE GEMMs: exposed only beyond them
     hidden = evaluate(spec, workload, base.replace(ep=8, ep_overlap=True), H100)
     assert hidden.breakdown["ep_comm"] < eight.breakdown["ep_comm"] and hidden.step_s < eight.step_s
+    # imbalance slows the busiest rank but adds no FLOPs: recomputation counts the mean rank's in HFU
+    recomputed = [evaluate(spec, workload, base.replace(ep=8, recompute="full", expert_imbalance=x), H100)
+                  for x in (1.0, 2.0)]
+    assert recomputed[1].step_s > recomputed[0].step_s
+    assert recomputed[1].hfu_pct / recomputed[1].mfu_pct == pytest.approx(
+        recomputed[0].hfu_pct / recomputed[0].mfu_pct, rel=1e-12)
     # a capacity-limited router drops what exceeds its capacity: the imbalance is bounded by it
     capped = evaluate(spec.replace(capacity_factor=1.25), workload, base.replace(ep=8, expert_imbalance=1.5), H100)
     assert eight.step_s < capped.step_s < imbalanced.step_s
@@ -186,6 +199,44 @@ def test_deepep_holds_its_sms_while_it_overlaps_the_gemms():
     overlapped = evaluate(spec, workload, plan.replace(ep_overlap=True), H100).breakdown["ep_comm"]
     assert overlapped == pytest.approx(20 / 132 * exposed, rel=1e-9)
     assert evaluate(spec, workload, plan.replace(ep_overlap=True), unknown).breakdown["ep_comm"] == 0.0
+
+
+def test_whole_experts_on_tensor_parallel_ranks_have_their_own_data_parallel_group():
+    spec = get_preset("mixtral-8x7b")
+    workload = Workload(batch=8, seq=4096, precision="bf16", mode="train")
+    # tp 8 with whole experts and ep 2: the 8 TP ranks see different tokens, and each expert sits on 4 of them,
+    # which reduce its gradients although dp x cp = 1
+    folded = ParallelPlan(tp=8, ep=2, expert_tp=1, sequence_parallel=True, zero=1)
+    assert folded.experts_apart and folded.expert_dp == 4 and folded.dp_cp == 1
+    p = evaluate(spec, workload, folded, H100)
+    assert p.breakdown["dp_comm"] > 0
+    # ep 1 with whole experts: every TP rank holds all experts, their state sharded over tp x dp = 8 ranks; the
+    # optimizer state then equals that of experts split over tp = 2 and sharded over dp = 4 (the same bytes),
+    # while the whole experts' weights are twice the split ones'
+    whole = ParallelPlan(dp=4, tp=2, ep=1, expert_tp=1, sequence_parallel=True, zero=1)
+    split = whole.replace(expert_tp=0)
+    assert whole.describe() == "dp4 tp2 pp1 cp1 etp1 mb1 sp zero1" and not split.experts_apart
+    w, s = (evaluate(spec, workload, plan, H100) for plan in (whole, split))
+    assert w.memory.optimizer == pytest.approx(s.memory.optimizer, rel=1e-9)
+    assert w.memory.weights > 1.5 * s.memory.weights
+    plans = [folded, whole, folded.replace(zero=3), whole.replace(zero=0, pp=2, dp=2)]  # all whole experts
+    check(spec, workload, H100, evaluate_many(spec, workload, H100, Candidates.from_plans(plans)), plans)
+
+
+def test_per_layer_table_sums_the_largest_stage_and_counts_overlapped_exchanges_once():
+    rows = per_layer_rows(get_preset("llama3-8b"), Workload(batch=8, seq=4096),
+                          ParallelPlan(pp=4, first_stage_layers=7, last_stage_layers=7), H100)
+    assert rows[-1]["layer"] == "layer x9"  # 7 + 2 x 9 + 7 = 32 layers: the middle stages hold 9
+    spec = get_preset("mixtral-8x7b")
+    workload = Workload(batch=256, seq=4096, precision="bf16", mode="train")
+    plan = ParallelPlan(dp=16, pp=4, ep=8, dispatcher="deepep", zero=1)  # EP inside one node: exchanges hide
+    shown, hidden = ({r["layer"]: r for r in per_layer_rows(spec, workload, plan.replace(ep_overlap=o), H100)}
+                     for o in (False, True))
+    exchanges = shown["dispatch"]["t_comm_ms"] + shown["combine"]["t_comm_ms"]
+    assert hidden["dispatch"]["t_total_ms"] < hidden["dispatch"]["t_comm_ms"]  # its own row leaves it out
+    # the block sums add back what shows of them: DeepEP's 20 of 132 SMs taken from the GEMMs
+    assert shown["moe x8"]["t_total_ms"] - hidden["moe x8"]["t_total_ms"] == pytest.approx(
+        8 * (1 - 20 / 132) * exchanges, rel=1e-9)
 
 
 def test_dense_leading_layers_sit_on_the_first_stage():

@@ -74,6 +74,14 @@ def test_worker_processes_find_what_one_process_finds(monkeypatch):
     assert pool_size(8, 1) == 1 and pool_size(3, 10) == 3
 
 
+def test_a_value_given_twice_is_searched_once():
+    space = SearchSpace(tp=(2, 1, 2), zero=(1, 1), recompute=("none", "none", "full"))
+    assert (space.tp, space.zero, space.recompute) == ((2, 1), (1,), ("none", "full"))
+    once, twice = (search(SPEC, WORKLOAD, SYSTEM, 4, SearchSpace(zero=z), top_k=3) for z in ((1,), (1, 1)))
+    assert twice.evaluated == once.evaluated
+    assert [m["equivalent_plans"] for _, m in twice.top] == [m["equivalent_plans"] for _, m in once.top]
+
+
 def test_canonical_placements_are_k_factorial():
     assert len(canonical_placements({"tp": 8, "cp": 1, "dp": 4, "pp": 2})) == 6
     assert len(canonical_placements({"tp": 1, "cp": 1, "dp": 1, "pp": 1})) == 1

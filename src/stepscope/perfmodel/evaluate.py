@@ -213,14 +213,15 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
 
     # gradient reduction over the dp x cp ranks holding the same weights (context-parallel ranks see different
     # tokens of the same sequences), ZeRO parameter gathers; the stage with the most parameters sets the pace
-    # (expert weights, ep > 1: reduced over the dp x cp / ep ranks holding the same experts, launched first)
+    # (expert weights with a group of their own, `experts_apart`: reduced over the ranks holding the same
+    # experts, launched first; they may need it where dp x cp = 1, with whole experts on every TP rank)
     sizes = stage_params(spec, g, plan.pp)
     params, experts, critical = max(((*sizes.of(st), st) for st in stages), key=lambda entry: entry[0] + entry[1])
     n_edp = plan.expert_dp
     gb = grad_bytes(act, plan.fp32_grads)
     n_dp, shard, replicas = plan.dp_cp, plan.shard, plan.replicas
     reduce_s = gather_s = 0.0
-    if backward and n_dp > 1:
+    if backward and (n_dp > 1 or (experts and n_edp > 1)):
         buckets = list(bucket_elements) if bucket_elements else bucket_layout(params, bucket_cap_MiB * 2**20 / gb)
         if plan.zero == 0:
             times = [collective_time("all-reduce", b * gb, n_dp, layout["dp_cp"], network) for b in buckets]
@@ -242,7 +243,7 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
         # 16-bit shards
         if plan.zero == 3:
             fp8_params = (sum(op.params for op in layer if op.fp8) * critical.dense
-                          + sum(op.params for op in moe_layer if op.fp8 and not (op.expert and plan.ep > 1))
+                          + sum(op.params for op in moe_layer if op.fp8 and not (op.expert and plan.experts_apart))
                           * critical.moe)
             gathered = gathered_bytes(fp8_params, params, e, g)
         else:
@@ -318,7 +319,7 @@ def gradient_tensors(spec: ModelSpec, workload: Workload, plan: ParallelPlan) ->
     g = geometry(plan, workload)
     dtype = "fp32" if plan.fp32_grads or workload.precision == "fp32" else activation_precision(workload.precision)
     dense_ops, moe_ops = layer_kinds(spec, g)
-    if plan.ep > 1:  # expert gradients go to their own (expert-data-parallel) reduction
+    if plan.experts_apart:  # expert gradients go to their own (expert-data-parallel) reduction
         moe_ops = [op for op in moe_ops if not op.expert]
 
     def entries(ops: Sequence[Op], prefix: str) -> list[tuple[str, int, str]]:

@@ -1,19 +1,20 @@
 """The per-layer table of `stepscope predict --per-layer`, in the layout of the LBNL notebook
 (Comprehensive Performance Modeling and System Design Insights for Foundation Models, 2024):
 one row per op of one transformer block on one GPU and micro-batch, then the attention and MLP blocks
-summed over the layers of a pipeline stage. For a Mixture-of-Experts model the block shown is a MoE block
-(router, dispatch and combine all-to-alls, grouped expert GEMMs, shared experts) and the sums are `moe`
-instead of `mlp`.
+summed over the layers of the largest pipeline stage. For a Mixture-of-Experts model the block shown is a MoE
+block (router, dispatch and combine all-to-alls, grouped expert GEMMs, shared experts) and the sums are `moe`
+instead of `mlp`. With `ep_overlap` the token exchanges run behind the block's GEMMs: an op's own `t_total_ms`
+leaves them out, and the block sums add what shows of them (`evaluate.direction_span`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from stepscope.perfmodel.evaluate import geometry, group_layout
+from stepscope.perfmodel.evaluate import direction_span, geometry, group_layout
 from stepscope.perfmodel.memory import layer_kinds
 from stepscope.perfmodel.ops import Cost, Op, activation_precision
-from stepscope.perfmodel.timing import exposed, op_time
+from stepscope.perfmodel.timing import dispatcher_sm_share, exposed, op_time
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
 from stepscope.spec.plan import ParallelPlan
 from stepscope.spec.system import SystemSpec
@@ -38,11 +39,19 @@ def per_layer_rows(spec: ModelSpec, workload: Workload, plan: ParallelPlan, syst
     dense_ops, moe_ops = layer_kinds(spec, g)
     op_rows = [_row(op, workload, plan, system, layout, e) for op in (moe_ops or dense_ops)]
     rows = list(op_rows)
-    layers = spec.n_layers // plan.pp
+    layers = max(plan.stage_layers(spec.n_layers))
+    shown_ep = 0.0  # seconds of the overlapped token exchanges that show, per block
+    if moe_ops and plan.ep_overlap:
+        act = activation_precision(workload.precision)
+        share = dispatcher_sm_share(plan.dispatcher, system.accelerator)
+        shown_ep = sum(direction_span(moe_ops, direction, system, act, layout, plan.tp_overlap, True, share).ep_s
+                       for direction in ("forward", "backward"))  # as the op rows, both directions
     for block in ("attention", "moe" if moe_ops else "mlp", None):
         members = [r for r in op_rows if block is None or r["_block"] == block]
         total = {c: sum(r[c] for r in members) * layers for c in COLUMNS
                  if c not in ("layer", "comm_fwd", "comm_bwd", "intensity_FLOP_per_B", "comm_fraction")}
+        if block != "attention":
+            total["t_total_ms"] += 1e3 * shown_ep * layers
         total["layer"] = f"{block or 'layer'} x{layers}"
         total["comm_fwd"] = total["comm_bwd"] = ""
         total["intensity_FLOP_per_B"] = (sum(r["_flops"] for r in members) / sum(r["_bytes"] for r in members))
@@ -64,7 +73,8 @@ def _row(op: Op, workload: Workload, plan: ParallelPlan, system: SystemSpec, lay
         for c in cost.comms:
             seconds = c.seconds(layout[c.group], system.network)
             comm += seconds
-            total += exposed(seconds, timed.compute_s, c.hides(layout[c.group], plan.tp_overlap))
+            if not (c.group == "ep" and plan.ep_overlap):  # those show in the block sums (see the docstring)
+                total += exposed(seconds, timed.compute_s, c.hides(layout[c.group], plan.tp_overlap))
     weights = op.params * e
     return {"layer": op.name, "_block": op.block, "_flops": op.forward.flops, "_bytes": op.forward.bytes,
             "flops_fwd_GFLOP": op.forward.flops / 1e9, "act_mem_MiB": op.saved_bytes / MiB,

@@ -120,7 +120,7 @@ def stage_params(spec: ModelSpec, g: Geometry, pp: int) -> StageParams:
     final norm and vocabulary projection on the last (a tied projection is a copy there when pp > 1)."""
     dense_ops, moe_ops = layer_kinds(spec, g)
     layer = sum(op.params for op in dense_ops)
-    split = g.ep > 1  # with ep = 1 the experts are reduced and sharded like every other weight
+    split = g.experts_apart  # otherwise the experts are reduced and sharded like every other weight
     moe = sum(op.params for op in moe_ops if not (split and op.expert))
     expert = sum(op.params for op in moe_ops if split and op.expert)
     embedding = sum(op.params for op in embedding_ops(spec, g))

@@ -118,6 +118,11 @@ class Geometry:
         return 1 if self.expert_tp == 1 else self.tp
 
     @property
+    def experts_apart(self) -> bool:
+        """`ParallelPlan.experts_apart`: the routed experts are reduced and sharded over their own group."""
+        return self.ep > 1 or (self.expert_tp == 1 and self.tp > 1)
+
+    @property
     def fp8(self) -> bool:
         return self.fp8_recipe is not None
 

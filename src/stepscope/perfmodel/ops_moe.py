@@ -44,26 +44,33 @@ ROUTER_KERNELS = 3  # scores activation, top-k, normalisation of the k weights
 PERMUTE_KERNELS = 2  # index computation (sort by expert) and the gather/scatter itself
 
 
+def imbalance(spec: ModelSpec, g: Geometry) -> float:
+    """Tokens of the busiest EP rank / the mean: the plan's, capped by a capacity-limited router, which drops
+    what exceeds its capacity."""
+    return min(g.expert_imbalance, spec.capacity_factor) if spec.capacity_factor else g.expert_imbalance
+
+
 def routed_tokens(spec: ModelSpec, g: Geometry) -> tuple[float, float]:
     """(token copies through one GPU's local experts, token copies it sends in the dispatch all-to-all), both on
     the busiest EP rank."""
-    imbalance = g.expert_imbalance
-    if spec.capacity_factor:  # capacity-limited routers drop what exceeds the capacity
-        imbalance = min(imbalance, spec.capacity_factor)
+    busiest = imbalance(spec, g)
     # whole experts (expert_tp 1): no TP gather, a GPU's experts take the copies its own tokens send on average
     through = g.sharded_tokens if g.expert_split == 1 else g.tokens
-    return through * spec.experts_per_token * imbalance, g.sharded_tokens * spec.experts_per_token * imbalance
+    return through * spec.experts_per_token * busiest, g.sharded_tokens * spec.experts_per_token * busiest
 
 
 def _grouped(name: str, m: float, k: float, n: float, weights: float, e: int, *, params: float, saved: float,
-             fwd_comms: tuple[Collective, ...], bwd_comms: tuple[Collective, ...], fp8: bool) -> Op:
+             fwd_comms: tuple[Collective, ...], bwd_comms: tuple[Collective, ...], fp8: bool,
+             busiest: float = 1.0) -> Op:
     """A grouped GEMM: m rows in total over the local experts, each with its own k x n weight (`weights`
-    elements in all); backward is two grouped GEMMs of the same size, as for `ops._matrix`."""
+    elements in all); backward is two grouped GEMMs of the same size, as for `ops._matrix`. m is the busiest
+    EP rank's, `busiest` times the mean: it sets the time, while the FLOPs counted for the model (and for
+    hardware utilisation) are the mean rank's, since imbalance moves tokens between ranks without adding any."""
     flops = 2.0 * m * k * n
     moved = (m * k + weights) * (1 if fp8 else e) + m * n * e
-    return Op(name, "moe", "matrix", Cost(flops, flops, moved, 1, fwd_comms),
-              Cost(2 * flops, 2 * flops, 2 * moved, 2, bwd_comms), saved_bytes=saved, params=params, fp8=fp8,
-              expert=True)
+    return Op(name, "moe", "matrix", Cost(flops, flops / busiest, moved, 1, fwd_comms),
+              Cost(2 * flops, 2 * flops / busiest, 2 * moved, 2, bwd_comms), saved_bytes=saved, params=params,
+              fp8=fp8, expert=True)
 
 
 def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
@@ -87,12 +94,13 @@ def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
                    fwd_comms=a2a_fwd, bwd_comms=a2a_bwd)]
     bias_up, bias_down = (up, h) if spec.mlp_bias else (0.0, 0.0)
     ops.append(_grouped("expert_up", routed, h, up, local * h * up, e, params=local * (h * up + bias_up),
-                        saved=routed * h * g.gemm_input_bytes, fwd_comms=gather, bwd_comms=scatter, fp8=g.fp8))
+                        saved=routed * h * g.gemm_input_bytes, fwd_comms=gather, bwd_comms=scatter, fp8=g.fp8,
+                        busiest=imbalance(spec, g)))
     hidden = routed * fe / t
     ops.append(_activation("expert", hidden, e, gated))
     ops.append(_grouped("expert_down", routed, fe / t, h, local * fe / t * h, e,
                         params=local * (fe / t * h + bias_down), saved=hidden * g.gemm_input_bytes,
-                        fwd_comms=scatter, bwd_comms=gather, fp8=g.fp8))
+                        fwd_comms=scatter, bwd_comms=gather, fp8=g.fp8, busiest=imbalance(spec, g)))
     ops.append(_vector("combine", "moe", "combine", sent * h, (sent + sharded) * h * e, saved=sent * h * e,
                        kernels=PERMUTE_KERNELS, fwd_comms=back_fwd, bwd_comms=a2a_bwd))
     fp8_fwd = routed * h + local * h * up + hidden + local * fe / t * h

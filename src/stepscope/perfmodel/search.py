@@ -94,6 +94,13 @@ class SearchSpace:
     expert_tp: int = 0
     """Whole experts with EP folded over the TP ranks (1) or experts split over tp (0) (`ParallelPlan.expert_tp`)."""
 
+    def __post_init__(self) -> None:
+        # a value given twice is one value: kept twice, every plan with it would be counted (and tied) twice
+        for name, value in vars(self).items():
+            if isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(dict.fromkeys(value)))
+        ParallelPlan(expert_imbalance=self.expert_imbalance)  # the plan's rules for the values every plan shares
+
 
 @dataclass
 class SearchResult:

@@ -156,7 +156,8 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
         z12 = np.maximum(weights_s - stage_fwd, first_bucket)
     else:
         z3, z12 = m * gathers * weights3, weights_s
-    has_dp = (T["dp_cp"] > 1) & backward
+    # expert weights with a group of their own may need it where dp x cp = 1 (whole experts on every TP rank)
+    has_dp = ((T["dp_cp"] > 1) | ((T["edp"] > 1) if moe else False)) & backward
     reduce_s = np.where(has_dp, reduce_s, 0.0)
     gather_s = np.where(has_dp & (zero == 3), z3, np.where(has_dp & (zero >= 1) & (mode == "train"), z12, 0.0))
     optimizer_s = np.where(zero >= 1, T["opt_sharded"], T["opt_full"])

@@ -26,9 +26,9 @@ from stepscope.spec.system import SystemSpec
 FIELDS = ("fwd", "bwd", "tp_fwd", "tp_bwd", "ep_fwd", "ep_bwd", "params", "expert_params", "fp8_params", "saved",
           "saved_max", "flops")
 """What the table holds per distinct block: op time forward and backward, exposed TP and EP collectives
-forward and backward, parameters per GPU (without the routed experts when ep > 1, which are then
-`expert_params`), the fp8 GEMM weights among `params`, saved activation bytes (all, and the largest op's),
-forward model FLOPs (what full recomputation repeats)."""
+forward and backward, parameters per GPU (without the routed experts when they have a data-parallel group of
+their own, `Geometry.experts_apart`, which are then `expert_params`), the fp8 GEMM weights among `params`, saved
+activation bytes (all, and the largest op's), forward model FLOPs (what full recomputation repeats)."""
 
 _TABLES: dict[tuple, tuple[Any, Any, dict[tuple[int, ...], tuple[float, ...]], dict[tuple[int, ...], tuple]]] = {}
 _MAX_TABLES = 32
@@ -56,7 +56,7 @@ def _ops(spec: ModelSpec, system: SystemSpec, settings: tuple, key: tuple[int, .
                 window += timed.compute_s
             comms += [(comm, timed.compute_s) for comm in cost.comms]
         directions.append((total, window, comms))
-    split = ep > 1
+    split = g.experts_apart
     sums = (sum(op.params for op in ops if not (split and op.expert)),
             sum(op.params for op in ops if split and op.expert),
             sum(op.params for op in ops if op.fp8 and not (split and op.expert)),

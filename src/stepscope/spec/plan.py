@@ -12,6 +12,7 @@ default ("tp", "cp", "dp", "pp") keeps tensor-parallel groups inside an NVLink d
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -112,8 +113,9 @@ class ParallelPlan:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UsageError(f"{name} must be a non-negative integer, got {value!r}")
-        if isinstance(self.expert_imbalance, bool) or not self.expert_imbalance >= 1.0:
-            raise UsageError(f"expert_imbalance must be at least 1 (max/mean tokens per expert), "
+        if (isinstance(self.expert_imbalance, bool) or not self.expert_imbalance >= 1.0
+                or not math.isfinite(self.expert_imbalance)):
+            raise UsageError(f"expert_imbalance must be a finite number of at least 1 (max/mean tokens per expert), "
                              f"got {self.expert_imbalance!r}")
         if self.expert_tp not in (0, 1):
             raise UsageError(f"expert_tp must be 0 (experts split over tp) or 1 (whole experts), "
@@ -141,6 +143,12 @@ class ParallelPlan:
     def shard(self) -> int:
         """Ranks one ZeRO/FSDP shard group spans (all dp x cp ranks unless `shard_group` is set)."""
         return self.shard_group or self.dp_cp
+
+    @property
+    def experts_apart(self) -> bool:
+        """The routed experts have a data-parallel group of their own (`expert_dp`): EP splits them, or whole
+        experts (expert_tp 1) sit on every TP rank, which then reduce their gradients together."""
+        return self.ep > 1 or (self.expert_tp == 1 and self.tp > 1)
 
     @property
     def expert_dp(self) -> int:
@@ -196,7 +204,7 @@ class ParallelPlan:
                   f"v{self.interleave}" if self.interleave > 1 else "", "" if self.flash_attention else "no-flash",
                   f"imbalance{self.expert_imbalance:g}" if self.expert_imbalance != 1.0 else "",
                   self.dispatcher if self.dispatcher != "alltoall" else "", "ep-overlap" if self.ep_overlap else ""]
-        ep = f"ep{self.ep} " + ("etp1 " if self.expert_tp == 1 and self.tp > 1 else "") if self.ep > 1 else ""
+        ep = (f"ep{self.ep} " if self.ep > 1 else "") + ("etp1 " if self.expert_tp == 1 and self.tp > 1 else "")
         return (f"dp{self.dp} tp{self.tp} pp{self.pp} cp{self.cp} {ep}mb{self.micro_batch} "
                 + " ".join(e for e in extras if e)).strip()
 

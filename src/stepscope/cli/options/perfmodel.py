@@ -7,6 +7,7 @@ dataclasses they fill (`ParallelPlan`, `ModelledWorkload`, the perfmodel run con
 from __future__ import annotations
 
 import argparse
+import math
 
 from stepscope.cli.options import (
     add_config_option,
@@ -173,8 +174,9 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
 
 def _imbalance(text: str) -> float:
     value = one_value(text, float, "--expert-imbalance")
-    if not value >= 1.0:
-        raise UsageError(f"--expert-imbalance must be at least 1 (max/mean tokens per expert), got {text}")
+    if not (math.isfinite(value) and value >= 1.0):
+        raise UsageError(f"--expert-imbalance must be a finite number of at least 1 (max/mean tokens per expert), "
+                         f"got {text}")
     return value
 
 
