@@ -3,6 +3,7 @@ and each new formula against a hand calculation."""
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from stepscope.errors import UsageError
@@ -11,6 +12,7 @@ from stepscope.perfmodel.collectives import collective_time
 from stepscope.perfmodel.evaluate import evaluate, geometry
 from stepscope.perfmodel.memory import GiB
 from stepscope.perfmodel.search import SearchSpace, search
+from stepscope.perfmodel.stages import held_micro_batches
 from stepscope.perfmodel.timing import bucket_layout
 from stepscope.spec import Workload, get_preset
 from stepscope.spec.plan import ParallelPlan
@@ -49,12 +51,28 @@ def test_llama3_405b_stages_of_7_8_7_and_the_fullest_stage_is_the_second():
     g = geometry(plan, TRAIN)
     per_layer = sum(op.saved_bytes for op in ops.layer_ops(LLAMA_405B, g))
     assert prediction.memory.activations == pytest.approx(120 * per_layer, rel=1e-12)
-    # interleaved (v 8) the fullest stage would hold 15 x (1 + 15/128) = 16.76 micro-batches' worth, more than
-    # the step's 16: with so few micro-batches every forward runs before the first backward, and the second
-    # stage holds all 16 micro-batches of its 8 layers. That is Meta's 16K-GPU plan, which fits
+    # interleaved (v 8) Megatron-Core's schedule would keep (2 x 14 + 7 x 16 + 1)/8 = 17.625 micro-batches' worth
+    # on the second rank, more than the step's 16: with so few micro-batches every forward runs before the
+    # first backward, and the second stage holds all 16 micro-batches of its 8 layers. That is Meta's 16K-GPU
+    # plan, which fits
     interleaved = evaluate(LLAMA_405B, TRAIN, plan.replace(interleave=8), H100)
     assert interleaved.memory.activations == pytest.approx(16 * 8 * per_layer, rel=1e-12)
     assert interleaved.memory.feasible
+    # the 8K-GPU plan (dp 64: 32 micro-batches) keeps the 17.625
+    eight_k = evaluate(LLAMA_405B, TRAIN, plan.replace(interleave=8, dp=64), H100)
+    assert eight_k.memory.activations == pytest.approx(17.625 * 8 * per_layer, rel=1e-12)
+
+
+def test_pipeline_ranks_hold_what_their_schedule_leaves_in_flight():
+    # plain 1F1B: rank r holds min(p - r, m); interleaved (Megatron-Core, v chunks): its warm-up of
+    # 2(p - r - 1) + (v - 1)p chunk forwards and the one in flight, in chunks of 1/v, at most m
+    assert [held_micro_batches(16, r, 1, 64) for r in (0, 1, 15)] == [16, 15, 1]
+    assert [held_micro_batches(16, r, 1, 4) for r in (0, 1, 15)] == [4, 4, 1]
+    assert [held_micro_batches(16, r, 8, 64) for r in (0, 1, 15)] == [143 / 8, 141 / 8, 113 / 8]
+    assert held_micro_batches(16, 0, 8, 64) == pytest.approx(16 * (1 + 15 / (16 * 8)))  # Korthikanti et al.
+    assert held_micro_batches(4, 3, 2, 2) == 2  # every forward before the first backward
+    ranks = held_micro_batches(np.array([16, 16, 4]), np.array([0, 15, 3]), np.array([1, 8, 2]), np.array([64, 64, 2]))
+    assert ranks.tolist() == [16, 113 / 8, 2]
 
 
 def test_one_shard_group_is_zero3_and_hsdp_adds_the_replica_all_reduce():

@@ -7,11 +7,13 @@ Bytes per parameter (N = dp x cp ranks holding the same weights; Rajbhandari et 
   with fp32 gradients (Megatron's main_grad) 18, and the distributed optimizer (= ZeRO-1 here) 6 + 12/N.
 Activations per layer and micro-batch are the sum of what the ops keep (`ops.py`), which reproduces
 Korthikanti et al. 2022; full recomputation keeps only the layer input (plus one layer's activations
-while it is recomputed). Stage i of 1F1B holds min(p − i, m) micro-batches, x (1 + (p−1)/(p·v)) when
-interleaved (at most m: a pipeline with few micro-batches runs all forwards before the first backward): the
-first p, the fullest middle stage p − 1 (which is the peak when the first holds fewer layers), the last one,
-plus the logits and fp32 loss tensors. ZeRO/FSDP shards over `plan.shard` ranks
-(HSDP replicas hold copies); FSDP without resharding after forward keeps the stage's gathered weights.
+while it is recomputed). A pipeline rank holds the micro-batches its schedule's warm-up leaves in flight
+(`stages.held_micro_batches`): under 1F1B min(p − rank, m), the first p, the fullest middle stage p − 1 (the
+peak when the first holds fewer layers), the last one; interleaved with v chunks (Megatron-Core) rank r holds
+(2(p − r − 1) + (v − 1)·p + 1)/v, at most m: the first p + (p−1)/v (Korthikanti et al.'s p·(1 + (p−1)/(p·v))),
+the second p + (p−3)/v, the last p − (p−1)/v. The last stage also holds the logits and fp32 loss tensors.
+ZeRO/FSDP shards over `plan.shard` ranks (HSDP replicas hold copies); FSDP without resharding after forward
+keeps the stage's gathered weights.
 Mixture-of-Experts: the routed experts' weights are 1/ep per GPU with their state sharded over the dp x cp / ep
 ranks holding the same experts; a MoE block keeps what its ops save (`ops_moe.py`, the expert activations
 scaled by the load imbalance of the busiest rank).
@@ -157,15 +159,11 @@ def memory(spec: ModelSpec, g: Geometry, plan: ParallelPlan, precision: str, mic
     vocab = spec.vocab_size / g.tp
     e = g.act_bytes
     head_act = g.tokens * vocab * (e + 4 + (4 if e < 4 else 0))  # logits, fp32 log-probs, fp32 copy
-    interleaved = 1 + (plan.pp - 1) / (plan.pp * plan.interleave) if plan.interleave > 1 else 1.0
     candidates = []
     dense_layers = spec.dense_layers if spec.is_moe else None
     for stage in pipeline_stages(plan, spec.n_layers, micro_batches, dense_layers):
         params, experts = sp.of(stage)
-        # interleaving adds (p−1)/(p·v) of a stage's warm-up, but a stage never holds more than all m micro-batches
-        # (m <= p·(1 + ...): every forward runs before the first backward, as in GPipe)
-        held = min(micro_batches, stage.in_flight * (interleaved if stage.name != "last" else 1.0))
-        activations = ((per_dense * stage.dense + per_moe * stage.moe) * held + working
+        activations = ((per_dense * stage.dense + per_moe * stage.moe) * stage.in_flight + working
                        + (head_act if stage.head else 0.0))
         candidates.append((params * per_param.total + experts * per_expert.total + activations, params, experts,
                            activations))

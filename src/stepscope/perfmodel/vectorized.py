@@ -234,7 +234,8 @@ def _memory(workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, 
     stages = [(T["first_params"], T["first_experts"], acts(T["first_dense"], T["first_moe"], T["held_first"])
                + working),
               (T["mid_params"], T["mid_experts"], acts(T["mid_dense"], T["mid_moe"], T["held_mid"]) + working),
-              (T["last_params"], T["last_experts"], acts(T["last_dense"], T["last_moe"], 1.0) + working + head_act)]
+              (T["last_params"], T["last_experts"], acts(T["last_dense"], T["last_moe"], T["held_last"]) + working
+               + head_act)]
     totals = ([p * per_param + x * (we + ge + oe) + a for p, x, a in stages] if moe
               else [p * per_param + a for p, _, a in stages])
     totals[1] = np.where(T["has_middle"], totals[1], -np.inf)

@@ -23,6 +23,7 @@ from stepscope.perfmodel.ops import (
     VECTOR_FLOPS,
     activation_precision,
 )
+from stepscope.perfmodel.stages import held_micro_batches
 from stepscope.perfmodel.tensors import param_tensors
 from stepscope.perfmodel.timing import OPTIMIZER_FLOPS_PER_PARAM, optimizer_bytes_per_param
 from stepscope.perfmodel.vectorized_moe import attention_tp, expert_dp_terms, moe_block_terms
@@ -299,9 +300,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
               + tokens * f / t * ge)
     fused = qk_bytes + v_bytes + lse
     s_x_s = scores_el * e + (scores_el * (e + mask) if mask else 0.0)
-    interleaved = np.where(c.interleave > 1, 1 + (pp - 1) / (pp * v), 1.0)
-    held_first = np.minimum(np.minimum(c.pp, m) * interleaved, m)  # memory.py: at most all m micro-batches
-    held_mid = np.minimum(np.minimum(c.pp - 1, m) * interleaved, m)
+    held_first, held_mid, held_last = (held_micro_batches(c.pp, rank, c.interleave, m) for rank in (0, 1, c.pp - 1))
     # inference keeps only the largest tensor one layer saves (memory.py's forward working set)
     core = np.where(flash, fused, np.maximum.reduce([qk_bytes, v_bytes, scores_el * (e + mask)]))
     terms.update({
@@ -311,7 +310,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
         "act_forward_only": np.maximum.reduce([sharded * h * e, tokens * q / t * ge, act_f, tokens * f / t * ge,
                                                core]),
         "head_act": tokens * vocab / t * (e + 4 + (4 if e < 4 else 0)), "held_first": held_first,
-        "held_mid": held_mid})
+        "held_mid": held_mid, "held_last": held_last})
 
     # ---- FLOPs a recomputation repeats (model FLOPs of the layer forward; or the attention core) ------
     layer_flops = 2 * tokens * h * (q + 2 * kv) / t + 2 * tokens * q * h / t + 2 * tokens * h * up_w + 2 * hidden * h
