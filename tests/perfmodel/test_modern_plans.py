@@ -75,6 +75,19 @@ def test_pipeline_ranks_hold_what_their_schedule_leaves_in_flight():
     assert ranks.tolist() == [16, 113 / 8, 2]
 
 
+def test_zero3_gathers_its_weights_for_a_forward_only_step():
+    spec = get_preset("llama3-70b")
+    workload = Workload(batch=8, seq=8192, precision="bf16", mode="fwd")
+    plan = ParallelPlan(dp=8, zero=3, dp_overlap=False)
+    prediction = evaluate(spec, workload, plan, H100)
+    # hand calculation: one all-gather of the 16-bit weights over the node, no gradient reduction
+    gather = collective_time("all-gather", spec.param_count() * 2, 8, 8, H100.network)
+    assert prediction.breakdown["dp_comm"] == pytest.approx(gather, rel=1e-9)
+    assert prediction.phases["forward"] == pytest.approx(prediction.breakdown["forward_compute"] + gather, rel=1e-9)
+    assert prediction.phases["backward"] == 0.0
+    assert evaluate(spec, workload, plan.replace(zero=1), H100).breakdown["dp_comm"] == 0.0
+
+
 def test_one_shard_group_is_zero3_and_hsdp_adds_the_replica_all_reduce():
     spec = get_preset("llama3-8b")
     workload = Workload(batch=64, seq=8192, precision="bf16", mode="train")

@@ -221,21 +221,24 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
     gb = grad_bytes(act, plan.fp32_grads)
     n_dp, shard, replicas = plan.dp_cp, plan.shard, plan.replicas
     reduce_s = gather_s = 0.0
-    if backward and (n_dp > 1 or (experts and n_edp > 1)):
+    # gradients are reduced where there is a backward pass; ZeRO-3 gathers its weights for forward as well
+    if (n_dp > 1 or (experts and n_edp > 1)) and (backward or plan.zero == 3):
         buckets = list(bucket_elements) if bucket_elements else bucket_layout(params, bucket_cap_MiB * 2**20 / gb)
-        if plan.zero == 0:
+        if not backward:
+            times = []
+        elif plan.zero == 0:
             times = [collective_time("all-reduce", b * gb, n_dp, layout["dp_cp"], network) for b in buckets]
         else:  # reduce-scatter within the shard group
             times = [collective_time("reduce-scatter", b * gb, shard, layout["shard"], network) for b in buckets]
-        if experts:
+        if experts and backward:
             kind = "all-reduce" if plan.zero == 0 else "reduce-scatter"
             times = [collective_time(kind, b * gb, n_edp, layout["edp"], network)
                      for b in bucket_layout(experts, bucket_cap_MiB * 2**20 / gb)] + times
         # sharded gradients (ZeRO-2/3) have no full-size buffer to accumulate micro-batches into: they are
         # reduced after every micro-batch's backward, not once per step
         reductions = m if plan.zero >= 2 else 1
-        reduce_s = reductions * dp_exposed(times, stage_bwd.total_s, plan.dp_overlap)
-        if plan.zero >= 1 and replicas > 1:  # HSDP: the reduced shards all-reduced across replicas, once a step
+        reduce_s = reductions * dp_exposed(times, stage_bwd.total_s, plan.dp_overlap) if times else 0.0
+        if backward and plan.zero >= 1 and replicas > 1:  # HSDP: the reduced shards all-reduced across replicas
             shard_times = [collective_time("all-reduce", b / shard * gb, replicas, layout["replica"], network)
                            for b in buckets]
             reduce_s += dp_exposed(shard_times, stage_bwd.total_s, plan.dp_overlap)
@@ -256,7 +259,7 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
         first_bucket = collective_time("all-gather", min(1.0, buckets[0] / params) * gathered, shard,
                                        layout["shard"], network)
         if plan.zero == 3:  # weights gathered before every forward (and again for backward unless kept)
-            passes = [stage_fwd.total_s] + ([stage_bwd.total_s] if plan.reshard_after_forward else [])
+            passes = [stage_fwd.total_s] + ([stage_bwd.total_s] if plan.reshard_after_forward and backward else [])
             per_pass = [max(weights_s - window, first_bucket) if plan.dp_overlap else weights_s for window in passes]
             gather_s = m * sum(per_pass)
         elif plan.zero in (1, 2) and mode == "train":  # updated shards gathered after the optimizer step
@@ -270,8 +273,9 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
 
     per_micro_batch = stage_fwd.total_s + stage_bwd.total_s + p2p_fwd + p2p_bwd
     bubble_s = bubble(plan.pp, plan.interleave, per_micro_batch)
-    phases = {"forward": m * (stage_fwd.total_s + p2p_fwd),
-              "backward": m * (stage_bwd.total_s + p2p_bwd) + reduce_s + (gather_s if plan.zero == 3 else 0.0),
+    z3_gathers = gather_s if plan.zero == 3 else 0.0  # in the backward phase, or forward's without one
+    phases = {"forward": m * (stage_fwd.total_s + p2p_fwd) + (0.0 if backward else z3_gathers),
+              "backward": m * (stage_bwd.total_s + p2p_bwd) + reduce_s + (z3_gathers if backward else 0.0),
               "optimizer": optimizer_s + (gather_s if plan.zero in (1, 2) else 0.0),
               "bubble": bubble_s}
     breakdown = {"forward_compute": m * stage_fwd.compute_s,

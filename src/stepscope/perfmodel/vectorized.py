@@ -149,24 +149,26 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     reduce_s = reduce_s + np.where((zero >= 1) & (T["replicas"] > 1), hsdp_s, 0.0)
     weights_s, first_bucket = T["weights_s"], T["first_bucket"]
     weights3, first3 = T["weights_s_z3"], T["first_bucket_z3"]
-    gathers = 2 if c.reshard_after_forward else 1  # ZeRO-3 gathers for forward and (unless kept) backward
+    gathers = 2 if c.reshard_after_forward and backward else 1  # ZeRO-3: forward's, and backward's unless kept
     if c.dp_overlap:
         z3 = m * (np.maximum(weights3 - stage_fwd, first3)
                   + (np.maximum(weights3 - stage_bwd, first3) if gathers == 2 else 0.0))
         z12 = np.maximum(weights_s - stage_fwd, first_bucket)
     else:
         z3, z12 = m * gathers * weights3, weights_s
-    # expert weights with a group of their own may need it where dp x cp = 1 (whole experts on every TP rank)
-    has_dp = ((T["dp_cp"] > 1) | ((T["edp"] > 1) if moe else False)) & backward
-    reduce_s = np.where(has_dp, reduce_s, 0.0)
+    # expert weights with a group of their own may need it where dp x cp = 1 (whole experts on every TP rank);
+    # gradients are reduced where there is a backward pass, ZeRO-3 gathers its weights for forward as well
+    has_dp = (T["dp_cp"] > 1) | ((T["edp"] > 1) if moe else False)
+    reduce_s = np.where(has_dp & backward, reduce_s, 0.0)
     gather_s = np.where(has_dp & (zero == 3), z3, np.where(has_dp & (zero >= 1) & (mode == "train"), z12, 0.0))
     optimizer_s = np.where(zero >= 1, T["opt_sharded"], T["opt_full"])
 
     # ---- phases and breakdown ---------------------------------------------------------------------------
     bubble_s = (T["pp"] - 1) / T["v"] * (stage_fwd + stage_bwd + p2p_fwd + p2p_bwd)
     z3_mask = zero == 3
-    out = {"forward_ms": 1e3 * m * (stage_fwd + p2p_fwd),
-           "backward_ms": 1e3 * (m * (stage_bwd + p2p_bwd) + reduce_s + np.where(z3_mask, gather_s, 0.0)),
+    z3_gathers = np.where(z3_mask, gather_s, 0.0)  # in the backward phase, or forward's without one
+    out = {"forward_ms": 1e3 * (m * (stage_fwd + p2p_fwd) + (0.0 if backward else z3_gathers)),
+           "backward_ms": 1e3 * (m * (stage_bwd + p2p_bwd) + reduce_s + (z3_gathers if backward else 0.0)),
            "optimizer_ms": 1e3 * (optimizer_s + np.where(z3_mask, 0.0, gather_s)),
            "bubble_ms": 1e3 * bubble_s,
            "forward_compute_s": m * sf[0], "backward_compute_s": m * (sb[0] - stage_rec),
