@@ -45,7 +45,8 @@ def test_run_predict_with_the_bucket_planner_and_without_records():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"bucket_MiB": 0.0}, "--bucket-MiB must be positive"),
+    ({"bucket_MiB": 0.0}, "--bucket-MiB must be a finite number of at least 1"),
+    ({"bucket_MiB": 1e-9}, "--bucket-MiB must be a finite number of at least 1"),
     ({"buckets": "magic"}, "invalid choice 'magic'"),
     ({"system": "H900"}, "unknown system 'H900'"),
     ({"points": (PredictPoint(get_preset("llama3-8b"), Workload(batch=8, seq=128), ParallelPlan(tp=3)),)},

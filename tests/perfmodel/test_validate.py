@@ -71,6 +71,11 @@ def test_modern_validation_predicts_every_run_on_its_own_system(tmp_path):
     assert len(outcome.rows) == len(load_dataset("modern_runs"))
     assert all(abs(r.error) < 0.5 for r in outcome.rows)  # a sanity bound; the errors are reported, not tuned
     assert {record["config"]["source"] for record in read_records(tmp_path)} != {""}
+    # comm_pct counts every communication cause, context parallelism's too (as `plan` does)
+    long_context = next(r for r in outcome.rows if r.run.label == "llama3-405b-128k-context")
+    b, step_s = long_context.prediction.breakdown, long_context.prediction.step_s
+    assert b["cp_comm"] > 0 and long_context.row()["comm_pct"] == pytest.approx(
+        100 * sum(b[c] for c in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")) / step_s)
 
 
 def test_cross_validation_fits_each_run_without_it(tmp_path):

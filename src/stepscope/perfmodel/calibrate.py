@@ -121,6 +121,8 @@ def calibrate(records: RecordSet, base: SystemSpec, *, knots: Sequence[float] = 
     targets = []
     for point in points:
         for phase, terms in _terms(point).items():
+            if phase not in point.phases:  # a forward-only step measures no backward
+                continue
             rows.append((terms, point.workload.precision))
             targets.append(point.phases[phase])
     y = np.array(targets)

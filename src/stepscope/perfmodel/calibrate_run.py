@@ -3,6 +3,7 @@ the same records (in-sample), and append one `calibrate` record with the fitted 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +53,8 @@ class CalibrateConfig:
         if not knots or any(not k > 0 for k in knots) or knots != sorted(set(knots)):
             given = ",".join(f"{k:g}" for k in knots)
             raise UsageError(f"--knots must be positive and strictly increasing, got {given}")
-        if not self.prior_weight >= 0:
-            raise UsageError(f"--prior-weight must be >= 0, got {self.prior_weight:g}")
+        if not 0 <= self.prior_weight < math.inf:
+            raise UsageError(f"--prior-weight must be a finite number >= 0, got {self.prior_weight:g}")
         check_max_efficiency(self.max_efficiency)
 
 

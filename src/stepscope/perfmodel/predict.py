@@ -3,6 +3,7 @@ record per plan (step time, throughput, MFU, memory, the breakdown by cause; opt
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,8 +49,10 @@ class PredictConfig:
 
     def check(self) -> None:
         """UsageError for settings no plan can use."""
-        if not self.bucket_MiB > 0:
-            raise UsageError(f"--bucket-MiB must be positive, got {self.bucket_MiB:g}")
+        # a floor at DDP's first bucket (1 MiB) keeps the bucket list of a large model a list, not millions
+        if not 1 <= self.bucket_MiB < math.inf:
+            raise UsageError(f"--bucket-MiB must be a finite number of at least 1 (DDP's first bucket; its "
+                             f"default is 25), got {self.bucket_MiB:g}")
         check_choice(self.buckets, BUCKET_RULES)
 
 

@@ -13,6 +13,7 @@ JSON (no torch). Records that are not `ok`, or lack the fields a point needs, ar
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,24 +154,29 @@ def _step(records: list[dict[str, Any]], out: RecordSet) -> None:
         model = ModelSpec(**config["model_spec"])
         workload = Workload(batch=int(config["batch"]), seq=int(config["seq"]), precision=config["precision"],
                             mode=config["mode"])
-    except (KeyError, TypeError, UsageError):
+    except (KeyError, TypeError, ValueError, UsageError):
         out.skip("step record without a usable model_spec / workload")
         return
+    metrics = [r.get("metrics") if isinstance(r.get("metrics"), dict) else {} for r in records]
     phases = {}
     for phase in workload.phases:
-        values = [r["metrics"].get(f"{phase}_ms_median") for r in records]
-        values = [v for v in values if isinstance(v, (int, float))]
+        values = [v for v in (m.get(f"{phase}_ms_median") for m in metrics) if _positive(v)]
         if not values:
-            out.skip(f"step record without {phase}_ms_median")
+            out.skip(f"step record without a positive {phase}_ms_median")
             return
         phases[phase] = median(values) / 1e3
-    gemm = [r["metrics"].get("gemm_GFLOPps") for r in records]
-    gemm = [g for g in gemm if isinstance(g, (int, float))]
+    gemm = [g for g in (m.get("gemm_GFLOPps") for m in metrics) if _positive(g)]
+    threads = env.get("threads") or metrics[0].get("threads")
     out.steps.append(StepPoint(model=model, workload=workload, attention=str(config.get("attention", "sdpa")),
                                phases=phases, gemm_flops_per_s=median(gemm) * 1e9 if gemm else None,
                                host=str(env.get("device_name") or env.get("cpu_model") or "unknown"),
-                               threads=env.get("threads") or (first.get("metrics") or {}).get("threads"),
-                               records=len(records)))
+                               threads=threads if isinstance(threads, int) and not isinstance(threads, bool)
+                               else None, records=len(records)))
+
+
+def _positive(value: Any) -> bool:
+    """A usable measurement: a finite number above zero."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
 
 
 def _attention(record: dict[str, Any], out: RecordSet) -> None:

@@ -45,6 +45,9 @@ from stepscope.spec.system import SystemSpec
 __all__ = ["DATASETS", "PublishedRun", "ValidateConfig", "ValidateOutcome", "ValidationRow", "load_dataset",
            "median_abs_error", "run_validate", "validate"]
 
+COMM_CAUSES = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
+"""The breakdown's communication causes (`plan` sums the same for its comm_pct)."""
+
 
 @dataclass(frozen=True)
 class ValidationRow:
@@ -82,8 +85,7 @@ class ValidationRow:
                 "batch": run.workload.batch, "measured_step_s": run.measured_step_s, "predicted_step_s": p.step_s,
                 "error_pct": 100 * self.error, "measured_tflops_per_gpu": run.measured_tflops_per_gpu,
                 "predicted_tflops_per_gpu": predicted_tflops, "bubble_pct": 100 * p.phases["bubble"] / p.step_s,
-                "comm_pct": 100 * (p.breakdown["tp_comm"] + p.breakdown["ep_comm"] + p.breakdown["pp_comm"]
-                                  + p.breakdown["dp_comm"]) / p.step_s,
+                "comm_pct": 100 * sum(p.breakdown[c] for c in COMM_CAUSES) / p.step_s,
                 "mem_GiB": p.memory.total / 2**30, **held_out}
 
 
