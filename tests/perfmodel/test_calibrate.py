@@ -125,6 +125,6 @@ def test_records_are_merged_filtered_and_skipped_with_reasons(tmp_path):
     point = records.steps[0]
     assert point.phases == {"forward": 0.002, "backward": 0.003} and point.records == 3
     assert not point.fused_attention and point.gemm_flops_per_s == 50e9
-    assert records.skipped == {"step record without backward_ms_median": 1, "step record with status oom": 1}
+    assert records.skipped == {"step record without a positive backward_ms_median": 1, "step record with status oom": 1}
     assert load_records([tmp_path], parse_where(["seq=32,8"])).steps == []
     assert len(load_records([tmp_path], parse_where(["model_spec.n_layers=2"])).steps) == 1

@@ -126,7 +126,7 @@ def test_calibrate_writes_a_system_that_compare_uses(cli, tmp_path):
     code, _, err = cli("compare", tmp_path / "measured", "--where", "seq", "--out", tmp_path)
     assert code == 2 and "malformed filter" in err
     code, _, err = cli("calibrate", tmp_path / "measured", "--prior-weight", "-1", "--out", tmp_path)
-    assert code == 2 and "--prior-weight must be >= 0" in err
+    assert code == 2 and "--prior-weight must be a finite number >= 0" in err
 
 
 def test_compare_reads_real_step_records(cli, tmp_path):
