@@ -21,6 +21,9 @@ def test_step_both_expert_implementations_with_activated_flops(cli, tmp_path):
         metrics = record["metrics"]
         assert metrics["forward_GFLOPps"] * metrics["forward_ms_median"] * 1e6 == pytest.approx(forward_flops)
     assert {r["config"]["moe_impl"] for r in records} == {"grouped", "reference"}
+    # each point says which expert implementation it timed, in its title and in the sweep summary
+    assert out.count("sdpa experts grouped (") == 2 and out.count("sdpa experts reference (") == 2
+    assert "moe_impl" in out
     # the performance model reads measured MoE step records: calibrate fits to them, compare predicts them
     code, out, err = cli("calibrate", tmp_path, "--system-out", tmp_path / "cal" / "cpu.toml",
                          "--out", tmp_path / "cal")

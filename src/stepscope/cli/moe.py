@@ -61,8 +61,7 @@ def run(args: argparse.Namespace) -> int:
     record, result = run_moe_ep(config, args.out)
     table = result.table()
     printer.emit(table.rows, title=table.title)
-    printer.note(f"output equals the single-process layer: max |error| {result.max_abs_error:.2e} of max |output|; "
-                 f"load: busiest expert {result.load_max_over_mean:.3f}x the mean; dispatch+combine "
-                 f"{record['metrics']['comm_pct']:.1f}% of the layer")
+    printer.note(f"{result.check_line()}; load: busiest expert {result.load_max_over_mean:.3f}x the mean; "
+                 f"dispatch+combine {record['metrics']['comm_pct']:.1f}% of the layer")
     printer.note(f"records: {args.out}/moe-ep.jsonl")
-    return 0
+    return 0 if result.matches else 1

@@ -20,7 +20,7 @@ HELP = "benchmark a training step (forward, backward, optimizer)"
 DESCRIPTION = "Time a training step phase by phase. Comma lists sweep."
 
 
-SUMMARY_COLUMNS = ["model", "batch", "seq", "mode", "precision", "attention", "warmup", "threads", "status",
+SUMMARY_COLUMNS = ["model", "batch", "seq", "mode", "precision", "attention", "moe_impl", "warmup", "threads", "status",
                    "step_ms_median", "step_tokens_per_s", "step_GFLOPps", "step_gemm_fraction", "step_mfu_pct"]
 
 
@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     def show(record, config, result) -> None:
         if args.format in ("csv", "json"):  # one row shape for every point, oom rows included (one CSV header)
             identity = {"model": config.model.name, **config.workload.to_dict(), "attention": config.attention,
+                        **({"moe_impl": config.moe_impl} if config.model.is_moe else {}),
                         "warmup": config.warmup, "threads": effective_threads(record), "status": record["status"]}
             rows = [{**identity, **row} for row in result.rows()] if result is not None else [
                 {**identity, "note": record.get("note")}]
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
             return
         point = f"{config.model.name} batch {config.workload.batch} seq {config.workload.seq} " \
                 f"{config.workload.mode} {config.workload.precision} {config.attention}" \
+                + (f" experts {config.moe_impl}" if config.model.is_moe else "") \
                 + (f" warmup {config.warmup}" if several_warmups else "")
         if result is None:
             printer.emit([{"point": point, "status": record["status"], "note": record.get("note")}])

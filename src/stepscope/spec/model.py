@@ -26,6 +26,10 @@ from typing import Any, Literal
 
 from stepscope.errors import UsageError
 
+MAX_CAPACITY_FACTOR = 1000.0
+"""Largest capacity factor accepted: from n_experts / top-k up (32 for DeepSeek-V3) no token is ever dropped,
+and a finite bound keeps every capacity a machine integer."""
+
 Norm = Literal["rms", "layer"]
 Mlp = Literal["swiglu", "gelu"]
 Positions = Literal["rope", "learned"]
@@ -140,8 +144,9 @@ class ModelSpec:
                              f"got {self.experts_per_token!r}")
         if self.dense_layers >= self.n_layers:
             raise UsageError(f"dense_layers={self.dense_layers} leaves no MoE block of {self.n_layers}")
-        if not (self.capacity_factor == 0 or self.capacity_factor >= 1):
-            raise UsageError(f"capacity_factor must be 0 (dropless) or at least 1, got {self.capacity_factor!r}")
+        if not (self.capacity_factor == 0 or 1 <= self.capacity_factor <= MAX_CAPACITY_FACTOR):
+            raise UsageError(f"capacity_factor must be 0 (dropless) or between 1 and {MAX_CAPACITY_FACTOR:g}, "
+                             f"got {self.capacity_factor!r}")
         self._check_groups()
 
     def _check_groups(self) -> None:

@@ -31,6 +31,8 @@ def test_two_ranks_equal_the_reference_and_every_piece_is_timed(cli, tmp_path):
     (["--ep", "3"], "--ep 3 must divide n_experts=4"),
     (["--model", "tiny"], "has no experts"),
     (["--ep", "2,4"], "--ep takes one value"),
+    (["--timeout", "inf"], "invalid value 'inf' in --timeout"),
+    (["--capacity-factor", "inf"], "capacity_factor must be 0 (dropless) or between 1 and 1000"),
 ])
 def test_bad_input_is_one_line_exit_2(cli, tmp_path, args, message):
     code, out, err = cli("moe", *args, "--out", tmp_path)
@@ -40,3 +42,21 @@ def test_bad_input_is_one_line_exit_2(cli, tmp_path, args, message):
 
 def test_config_defaults_validate():
     EPConfig().validate()
+
+
+def test_a_wrong_expert_parallel_output_fails_the_run_and_is_not_kept_as_ok(cli, tmp_path, monkeypatch):
+    from stepscope.distributed.expert_parallel import benchmark
+    from stepscope.measure.stats import Stats
+    from stepscope.results.store import read_records
+
+    def wrong(config):  # what a broken dispatch or combine reports: an output off by its own size
+        pieces = {piece: Stats.of([1e-3, 2e-3]) for piece in (*benchmark.PIECES, "layer")}
+        return benchmark.EPResult(config=config, pieces=pieces, max_abs_error=1.0, dispatch_bytes=1024,
+                                  load_max_over_mean=1.0, threads=1)
+
+    monkeypatch.setattr(benchmark, "benchmark_ep", wrong)
+    code, out, err = cli("moe", "--iters", "2", "--out", tmp_path)
+    assert code == 1 and "output DIFFERS from" in out and "equals" not in out
+    (record,) = read_records(tmp_path / "moe-ep.jsonl")
+    assert record["status"] == "mismatch" and "DIFFERS" in record["note"]
+    assert wrong(EPConfig()).max_abs_error > benchmark.MATCH_TOLERANCE >= 1e-5

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, TypeVar
@@ -74,14 +75,14 @@ def non_negative_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:  # also refuses nan
+    if not 0 < value < math.inf:  # also refuses nan: timeouts, sizes and rates are finite
         raise ValueError(text)
     return value
 
 
 def non_negative_float(text: str) -> float:
     value = float(text)
-    if not value >= 0:  # also refuses nan
+    if not 0 <= value < math.inf:  # also refuses nan
         raise ValueError(text)
     return value
 

@@ -21,6 +21,10 @@ from stepscope.measure.stats import Stats
 from stepscope.results.store import RecordStore, make_record
 from stepscope.results.tables import Table
 
+MATCH_TOLERANCE = 1e-4
+"""Largest |EP − reference| / max |reference| accepted: the same fp32 arithmetic summed in another order differs
+by about 1e-6; a wrong dispatch or combine differs by order 1."""
+
 
 @dataclass
 class EPResult:
@@ -36,6 +40,16 @@ class EPResult:
     load_max_over_mean: float
     """Assignments of the busiest expert over the mean (1 = perfectly balanced), summed over ranks."""
     threads: int
+
+    @property
+    def matches(self) -> bool:
+        """The expert-parallel output equals the single-process layer's (within MATCH_TOLERANCE)."""
+        return self.max_abs_error <= MATCH_TOLERANCE
+
+    def check_line(self) -> str:
+        """One line: whether the output matched, and by how much."""
+        verdict = "equals" if self.matches else f"DIFFERS from (tolerance {MATCH_TOLERANCE:g}; timings not valid)"
+        return f"output {verdict} the single-process layer: max |error| {self.max_abs_error:.2e} of max |output|"
 
     def rows(self) -> list[dict[str, Any]]:
         layer = self.pieces["layer"].median
@@ -129,7 +143,10 @@ def run_moe_ep(config: EPConfig, out: str | os.PathLike | None = None) -> tuple[
     result = benchmark_ep(config)
     env = torch_environment("cpu" if config.backend == "gloo" else "cuda", world_size=config.ep,
                             threads=result.threads)
-    record = make_record("moe-ep", config.record_config(), result.metrics(), env=env)
+    # a layer whose output is wrong measured nothing worth keeping as ok
+    record = make_record("moe-ep", config.record_config(), result.metrics(), env=env,
+                         status="ok" if result.matches else "mismatch",
+                         note=None if result.matches else result.check_line())
     if store is not None:
         store.append(record)
     return record, result
