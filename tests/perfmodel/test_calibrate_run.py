@@ -77,8 +77,10 @@ def test_calibrate_fits_forward_only_records(tmp_path):
 @pytest.mark.parametrize("change", [
     lambda r: r["config"].update(batch="x"), lambda r: r.pop("metrics"), lambda r: r.update(metrics=None),
     lambda r: r["metrics"].update(forward_ms_median=0), lambda r: r["metrics"].update(backward_ms_median=float("inf")),
-    lambda r: r.setdefault("env", {}).update(threads=[2]),
-], ids=["batch-text", "no-metrics", "null-metrics", "zero-time", "infinite-time", "list-threads"])
+    lambda r: r.setdefault("env", {}).update(threads=[2]), lambda r: r.update(env="cpu"), lambda r: r.update(key=[1]),
+    lambda r: r["config"].update(batch=2.5),
+], ids=["batch-text", "no-metrics", "null-metrics", "zero-time", "infinite-time", "list-threads", "text-env",
+        "list-key", "fractional-batch"])
 def test_malformed_step_records_are_skipped_and_counted(tmp_path, change):
     first = [True]
 

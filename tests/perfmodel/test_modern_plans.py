@@ -85,7 +85,11 @@ def test_zero3_gathers_its_weights_for_a_forward_only_step():
     assert prediction.breakdown["dp_comm"] == pytest.approx(gather, rel=1e-9)
     assert prediction.phases["forward"] == pytest.approx(prediction.breakdown["forward_compute"] + gather, rel=1e-9)
     assert prediction.phases["backward"] == 0.0
-    assert evaluate(spec, workload, plan.replace(zero=1), H100).breakdown["dp_comm"] == 0.0
+    zero1 = evaluate(spec, workload, plan.replace(zero=1), H100)
+    assert zero1.breakdown["dp_comm"] == 0.0
+    # and holds the gathered layer and the prefetched one beside the largest live activation
+    layer_params = sum(op.params for op in ops.layer_ops(spec, geometry(plan, workload)))
+    assert prediction.memory.activations - zero1.memory.activations == pytest.approx(2 * layer_params * 2, rel=1e-9)
 
 
 def test_one_shard_group_is_zero3_and_hsdp_adds_the_replica_all_reduce():

@@ -170,6 +170,9 @@ def test_expert_parallelism_shards_state_and_costs_all_to_all():
     # all-to-alls behind the MoE GEMMs: exposed only beyond them
     hidden = evaluate(spec, workload, base.replace(ep=8, ep_overlap=True), H100)
     assert hidden.breakdown["ep_comm"] < eight.breakdown["ep_comm"] and hidden.step_s < eight.step_s
+    # with one EP rank every GPU holds every expert: imbalance between experts moves no work between GPUs
+    alone = [evaluate(spec, workload, base.replace(expert_imbalance=x), H100).step_s for x in (1.0, 2.0)]
+    assert alone[0] == alone[1]
     # imbalance slows the busiest rank but adds no FLOPs: recomputation counts the mean rank's in HFU
     recomputed = [evaluate(spec, workload, base.replace(ep=8, recompute="full", expert_imbalance=x), H100)
                   for x in (1.0, 2.0)]

@@ -2,6 +2,8 @@
 
 import dataclasses
 import itertools
+import os
+import sys
 
 import pytest
 
@@ -10,7 +12,7 @@ from stepscope.perfmodel import evaluate
 from stepscope.perfmodel import search as search_module
 from stepscope.perfmodel.candidates import PLACEMENTS, canonical_placements
 from stepscope.perfmodel.search import MEMORY_RULE, SearchSpace, search
-from stepscope.perfmodel.search_pool import pool_size
+from stepscope.perfmodel.search_pool import map_chunks, pool_size
 from stepscope.spec import Workload, get_preset
 from stepscope.spec.plan import DIMENSIONS, ParallelPlan
 from stepscope.spec.system import load_system
@@ -61,6 +63,16 @@ def test_search_equals_brute_force_and_returns_only_feasible_valid_plans():
         assert metrics["mem_GiB"] == pytest.approx(p.memory.total / 2**30, rel=1e-9)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="worker processes are forked on Linux only")
+def test_chunks_run_on_forked_workers_in_order():
+    results = list(map_chunks(lambda chunk: (chunk, os.getpid()), range(8), 2))
+    assert [chunk for chunk, _ in results] == list(range(8))
+    workers = {pid for _, pid in results}
+    assert os.getpid() not in workers and 1 <= len(workers) <= 2
+    assert {pid for _, pid in map_chunks(lambda chunk: (chunk, os.getpid()), range(3), 1)} == {os.getpid()}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="worker processes are forked on Linux only")
 def test_worker_processes_find_what_one_process_finds(monkeypatch):
     # small chunks so that a search of 16 GPUs has many: the forked workers share them out
     monkeypatch.setattr(search_module, "CHUNK", 64)

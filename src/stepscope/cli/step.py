@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     def show(record, config, result) -> None:
         if args.format in ("csv", "json"):  # one row shape for every point, oom rows included (one CSV header)
             identity = {"model": config.model.name, **config.workload.to_dict(), "attention": config.attention,
-                        **({"moe_impl": config.moe_impl} if config.model.is_moe else {}),
+                        "moe_impl": config.moe_impl if config.model.is_moe else None,
                         "warmup": config.warmup, "threads": effective_threads(record), "status": record["status"]}
             rows = [{**identity, **row} for row in result.rows()] if result is not None else [
                 {**identity, "note": record.get("note")}]

@@ -57,6 +57,8 @@ class Span:
     def __mul__(self, factor: float) -> Span:
         return Span(self.compute_s * factor, self.tp_s * factor, self.cp_s * factor, self.ep_s * factor)
 
+COMM_CAUSES = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")  # the breakdown's exposed communication
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -296,10 +298,9 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
     recompute_flops = ((sum(op.forward.model_flops for op in recomputed) * n_dense
                         + sum(op.forward.model_flops for op in moe_recomputed) * spec.moe_layers) / plan.pp * m
                        * plan.gpus if backward else 0.0)
-    mem = memory(spec, g, plan, precision, m, acc.capacity_bytes)
-    if mode != "train":  # no optimizer exists; a forward-only pass keeps no activations nor gradients
-        mem = Memory(mem.weights, mem.grads if backward else 0.0, 0.0,
-                     mem.activations if backward else _forward_working_set(layer + moe_layer), mem.capacity)
+    mem = memory(spec, g, plan, precision, m, acc.capacity_bytes, forward_only=not backward)
+    if mode != "train":  # no optimizer exists; a forward-only pass keeps no gradients
+        mem = Memory(mem.weights, mem.grads if backward else 0.0, 0.0, mem.activations, mem.capacity)
     # MFU and HFU are against the 16-bit dense peak, fp8 runs included (the convention of published fp8 MFU)
     return Prediction(model=spec, workload=workload, plan=plan, system=system.name, micro_batches=m, phases=phases,
                       breakdown=breakdown, model_flops=model_flops, hardware_flops=model_flops + recompute_flops,
@@ -342,11 +343,6 @@ def gradient_tensors(spec: ModelSpec, workload: Workload, plan: ParallelPlan) ->
         last.append(("logits.tied_copy", round(spec.vocab_size * spec.d_model / plan.tp), dtype))
     candidates = [first, last] + ([blocks(stages[1])] if plan.pp > 2 else [])
     return max(candidates, key=lambda stage: sum(n for _, n, _ in stage))
-
-
-def _forward_working_set(layer: Sequence[Op]) -> float:
-    """Inference keeps only the largest live activation of one layer (approximated by the largest saved one)."""
-    return max((op.saved_bytes for op in layer), default=0.0)
 
 
 __all__ = ["Prediction", "Span", "evaluate", "gradient_tensors", "group_layout", "GiB"]

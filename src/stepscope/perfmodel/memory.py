@@ -14,7 +14,7 @@ peak when the first holds fewer layers), the last one; interleaved with v chunks
 the second p + (p−3)/v, the last p − (p−1)/v. The last stage also holds the logits and fp32 loss tensors.
 ZeRO/FSDP shards over `plan.shard` ranks (HSDP replicas hold copies); FSDP without resharding after forward
 keeps the stage's gathered weights.
-Mixture-of-Experts: the routed experts' weights are 1/ep per GPU with their state sharded over the dp x cp / ep
+Mixture-of-Experts: the routed experts' weights are 1/ep per GPU with their state sharded over the `expert_dp`
 ranks holding the same experts; a MoE block keeps what its ops save (`ops_moe.py`, the expert activations
 scaled by the load imbalance of the busiest rank).
 fp8 training keeps bf16 weights and gradients and the fp32 optimizer state (mixed precision) and saves the
@@ -101,8 +101,9 @@ def layer_kinds(spec: ModelSpec, g: Geometry) -> tuple[list[Op], list[Op]]:
 
 @dataclass(frozen=True)
 class StageParams:
-    """Parameters per GPU: of one dense block, of one MoE block (all of them with ep = 1, else without the
-    routed experts), of one MoE block's routed experts when ep > 1, and the embedding and head extras."""
+    """Parameters per GPU: of one dense block, of one MoE block (without the routed experts when they have a
+    data-parallel group of their own, `experts_apart`), of one MoE block's routed experts in that case, and the
+    embedding and head extras."""
 
     dense: float
     moe: float
@@ -111,7 +112,7 @@ class StageParams:
     head: float
 
     def of(self, stage: Stage) -> tuple[float, float]:
-        """(parameters reduced over dp x cp, expert parameters reduced over dp x cp / ep) of a stage."""
+        """(parameters reduced over dp x cp, expert parameters reduced over the `expert_dp` ranks) of a stage."""
         shared = (self.dense * stage.dense + self.moe * stage.moe + self.embedding * stage.embedding
                   + self.head * stage.head)
         return shared, self.expert * stage.moe
@@ -133,8 +134,10 @@ def stage_params(spec: ModelSpec, g: Geometry, pp: int) -> StageParams:
 
 
 def memory(spec: ModelSpec, g: Geometry, plan: ParallelPlan, precision: str, micro_batches: int,
-           capacity_bytes: float) -> Memory:
-    """Peak memory per GPU of `plan` on its fullest pipeline stage (first, middle or last)."""
+           capacity_bytes: float, forward_only: bool = False) -> Memory:
+    """Peak memory per GPU of `plan` on its fullest pipeline stage (first, middle or last). `forward_only`: a
+    forward pass keeps no activations, only the largest live one of a layer (approximated by the largest saved
+    one) and, under ZeRO-3, the gathered layers."""
     act_precision = activation_precision(precision)
     sp = stage_params(spec, g, plan.pp)
     keeps_weights = plan.zero == 3 and not plan.reshard_after_forward  # gathered weights kept until backward
@@ -146,7 +149,7 @@ def memory(spec: ModelSpec, g: Geometry, plan: ParallelPlan, precision: str, mic
                                    state_bytes(act_precision, 3, ranks, plan.fp32_grads).optimizer)
         return per_param
 
-    # expert weights (ep > 1): state sharded over the expert-data-parallel ranks
+    # expert weights (`experts_apart`): state sharded over the expert-data-parallel ranks
     per_param, per_expert = per_param_bytes(plan.shard), per_param_bytes(plan.expert_dp)
     dense_ops, moe_ops = layer_kinds(spec, g)
     per_dense = layer_activation_bytes(dense_ops, plan.recompute, g, spec.d_model)
@@ -154,8 +157,10 @@ def memory(spec: ModelSpec, g: Geometry, plan: ParallelPlan, precision: str, mic
     working = 0.0
     if plan.recompute == "full":  # one layer's activations while it is recomputed: the larger kind
         working = max(sum(op.saved_bytes for op in ops) for ops in (dense_ops, moe_ops) if ops)
+    gathered = 0.0
     if plan.zero >= 3 and not keeps_weights:  # a gathered copy of the layer being computed and the prefetched one
-        working += 2 * max(sp.dense, sp.moe + sp.expert) * bytes_per_element(act_precision)
+        gathered = 2 * max(sp.dense, sp.moe + sp.expert) * bytes_per_element(act_precision)
+    working += gathered
     vocab = spec.vocab_size / g.tp
     e = g.act_bytes
     head_act = g.tokens * vocab * (e + 4 + (4 if e < 4 else 0))  # logits, fp32 log-probs, fp32 copy
@@ -168,6 +173,8 @@ def memory(spec: ModelSpec, g: Geometry, plan: ParallelPlan, precision: str, mic
         candidates.append((params * per_param.total + experts * per_expert.total + activations, params, experts,
                            activations))
     _, params, experts, activations = max(candidates, key=lambda c: c[0])
+    if forward_only:
+        activations = max(op.saved_bytes for op in dense_ops + moe_ops) + gathered
     return Memory(weights=params * per_param.weights + experts * per_expert.weights,
                   grads=params * per_param.grads + experts * per_expert.grads,
                   optimizer=params * per_param.optimizer + experts * per_expert.optimizer, activations=activations,

@@ -19,7 +19,8 @@ MLP (expert-TP = tp; Megatron-Core's default, which also requires sequence paral
 - combine: the expert outputs go back by all-to-all, un-permuted and summed with the router weights;
 - shared experts (DeepSeek-V3) are a dense MLP of n_shared x expert_d_ff every token goes through;
 - expert weights (`Op.expert`) are 1/ep of the routed experts per GPU: their gradients are reduced, and their
-  ZeRO state sharded, over the dp x cp / ep expert-data-parallel ranks (`evaluate`, `memory`).
+  ZeRO state sharded, over the `expert_dp` expert-data-parallel ranks (dp x cp / ep, x tp with whole experts;
+  `evaluate`, `memory`).
 Not modelled: token dropping (a capacity factor only bounds the imbalance: the busiest expert takes at most
 capacity_factor x its fair share), the auxiliary-loss arithmetic (negligible), fp32 routing.
 """
@@ -46,7 +47,10 @@ PERMUTE_KERNELS = 2  # index computation (sort by expert) and the gather/scatter
 
 def imbalance(spec: ModelSpec, g: Geometry) -> float:
     """Tokens of the busiest EP rank / the mean: the plan's, capped by a capacity-limited router, which drops
-    what exceeds its capacity."""
+    what exceeds its capacity; 1 with one EP rank, whose GPU holds every expert (imbalance between experts
+    then moves no work between GPUs)."""
+    if g.ep == 1:
+        return 1.0
     return min(g.expert_imbalance, spec.capacity_factor) if spec.capacity_factor else g.expert_imbalance
 
 

@@ -135,7 +135,8 @@ def load_records(paths: Iterable[str | Path], where: Sequence[tuple[str, set[str
             continue
         kind = record.get("kind")
         if kind == "step":
-            grouped.setdefault(record.get("key", str(id(record))), []).append(record)
+            key = record.get("key")
+            grouped.setdefault(key if isinstance(key, str) else str(id(record)), []).append(record)
         elif kind == "attention":
             _attention(record, out)
         elif kind == "comm":
@@ -149,10 +150,10 @@ def load_records(paths: Iterable[str | Path], where: Sequence[tuple[str, set[str
 
 def _step(records: list[dict[str, Any]], out: RecordSet) -> None:
     first = records[0]
-    config, env = first.get("config") or {}, first.get("env") or {}
+    config, env = (first.get(part) if isinstance(first.get(part), dict) else {} for part in ("config", "env"))
     try:
         model = ModelSpec(**config["model_spec"])
-        workload = Workload(batch=int(config["batch"]), seq=int(config["seq"]), precision=config["precision"],
+        workload = Workload(batch=_whole(config["batch"]), seq=_whole(config["seq"]), precision=config["precision"],
                             mode=config["mode"])
     except (KeyError, TypeError, ValueError, UsageError):
         out.skip("step record without a usable model_spec / workload")
@@ -172,6 +173,13 @@ def _step(records: list[dict[str, Any]], out: RecordSet) -> None:
                                host=str(env.get("device_name") or env.get("cpu_model") or "unknown"),
                                threads=threads if isinstance(threads, int) and not isinstance(threads, bool)
                                else None, records=len(records)))
+
+
+def _whole(value: Any) -> int:
+    """A count as the record stores it: an integer (2.5 sequences or "4" is not one)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"not a whole number: {value!r}")
+    return value
 
 
 def _positive(value: Any) -> bool:

@@ -17,14 +17,13 @@ from statistics import median
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.evaluate import Prediction, evaluate
+from stepscope.perfmodel.evaluate import COMM_CAUSES, Prediction, evaluate
 from stepscope.perfmodel.records import matches, parse_where
 from stepscope.perfmodel.runs import DEFAULT_SYSTEM, RunRecords, SystemLike, system_of
 from stepscope.results.store import DEFAULT_OUT, read_records
 from stepscope.spec import ModelSpec, Workload
 from stepscope.spec.plan import ParallelPlan
 
-COMM_CAUSES = ("tp_comm", "cp_comm", "pp_comm", "dp_comm")
 COMPUTE_CAUSES = ("forward_compute", "backward_compute", "recompute", "optimizer")
 MEASURED = ("step_ms", "compute_ms", "comm_exposed_ms", "idle_ms")
 

@@ -37,17 +37,13 @@ from typing import Any
 
 from stepscope.errors import UsageError
 from stepscope.perfmodel.calibrate_published import fit_factor, scaled
-from stepscope.perfmodel.evaluate import Prediction, evaluate
+from stepscope.perfmodel.evaluate import COMM_CAUSES, Prediction, evaluate
 from stepscope.perfmodel.published import DATASETS, PublishedRun, load_dataset
 from stepscope.perfmodel.runs import RunRecords, SystemLike, check_choice, system_of
 from stepscope.spec.system import SystemSpec
 
 __all__ = ["DATASETS", "PublishedRun", "ValidateConfig", "ValidateOutcome", "ValidationRow", "load_dataset",
            "median_abs_error", "run_validate", "validate"]
-
-COMM_CAUSES = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
-"""The breakdown's communication causes (`plan` sums the same for its comm_pct)."""
-
 
 @dataclass(frozen=True)
 class ValidationRow:

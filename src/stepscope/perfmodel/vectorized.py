@@ -139,7 +139,7 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     full_t = np.where(is_ar, T["ar_full"], T["rs_full"])
     last_t = np.where(is_ar, T["ar_last"], T["rs_last"])
     total_t = T["n_full"] * full_t + last_t
-    if moe:  # expert gradients (ep > 1), launched before the others
+    if moe:  # expert gradients (`experts_apart`), launched before the others
         total_t = total_t + np.where(is_ar, T["ar_exp"], T["rs_exp"])
     reduce_s = np.maximum(total_t - stage_bwd, last_t) if c.dp_overlap else total_t
     reduce_s = np.where(zero >= 2, m, 1.0) * reduce_s  # sharded gradients: reduced after every micro-batch
@@ -210,7 +210,7 @@ def _memory(workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, 
     g = np.where(zero >= 2, gb / n_shard, float(gb))
     o = np.where(zero >= 1, optimizer_bytes / n_shard, optimizer_bytes)
     moe = "moe_fwd" in T
-    if moe:  # expert weights (ep > 1): state sharded over the dp x cp / ep ranks holding the same experts
+    if moe:  # expert weights (`experts_apart`): state sharded over the `expert_dp` ranks holding the same experts
         n_edp = T["edp"]
         we = np.where((zero >= 3) & ~keeps, e / n_edp, float(e))
         ge = np.where(zero >= 2, gb / n_edp, float(gb))
@@ -224,7 +224,8 @@ def _memory(workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, 
     per_moe = per_layer_of("moe_") if moe else 0.0
     full_working = np.maximum(T["act_none"], T["moe_act_none"]) if moe else T["act_none"]
     largest_layer = np.maximum(T["layer_params"], T["moe_params"] + T["expert_params"]) if moe else T["layer_params"]
-    working = np.where(rec == 2, full_working, 0.0) + np.where((zero >= 3) & ~keeps, 2 * largest_layer * e, 0.0)
+    gathered = np.where((zero >= 3) & ~keeps, 2 * largest_layer * e, 0.0)  # ZeRO-3: the layer and the prefetched one
+    working = np.where(rec == 2, full_working, 0.0) + gathered
     head_act = T["head_act"]
     per_param = w + g + o
 
@@ -256,7 +257,7 @@ def _memory(workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, 
         optimizer = np.zeros(optimizer.shape)
         if workload.mode == "fwd":
             grads = np.zeros(grads.shape)
-            activations = np.broadcast_to(T["act_forward_only"], weights.shape)
+            activations = np.broadcast_to(T["act_forward_only"] + gathered, weights.shape)
     total = weights + grads + optimizer + activations
     capacity = system.accelerator.capacity_bytes
     return {"weights_GiB": weights / GiB, "grads_GiB": grads / GiB, "optimizer_GiB": optimizer / GiB,

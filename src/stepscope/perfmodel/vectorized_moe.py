@@ -133,8 +133,9 @@ def attention_tp(overlap, qkv_c, out_c, rs_block, ar_block) -> tuple[tuple, tupl
 def expert_dp_terms(mc: Any, experts: np.ndarray, ep: np.ndarray, n_dp: np.ndarray, g_dp: np.ndarray, cap: float,
                     gb: int, e: int, fp8_gather: bool) -> dict[str, np.ndarray]:
     """The expert gradients' reduction (all-reduce or reduce-scatter, size-based buckets) and the expert weights'
-    gather over the n_dp / ep expert-data-parallel ranks (`evaluate`: only where ep > 1 leaves experts); n_dp and
-    g_dp are the ranks EP is carved out of (dp x cp, x tp with whole experts) and how many share a domain."""
+    gather over the n_dp / ep expert-data-parallel ranks (`evaluate`: only where the experts have a group of
+    their own, `experts_apart`); n_dp and g_dp are the ranks EP is carved out of (dp x cp, x tp with whole
+    experts) and how many share a domain."""
     n_edp, g_edp = n_dp / ep, np.maximum(1.0, np.floor(g_dp / ep))
     some = experts > 0
     n_full = np.maximum(0, np.ceil(experts / cap) - 1)

@@ -274,7 +274,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
              "first_bucket": mc.reduce_scatter(np.minimum(params, cap) * e, n_shard, g_shard),
              "weights_s_z3": mc.reduce_scatter(gathered, n_shard, g_shard),
              "first_bucket_z3": mc.reduce_scatter(np.minimum(1.0, cap / params) * gathered, n_shard, g_shard)}
-    if spec.is_moe:  # expert gradients (ep > 1): reduced and gathered over the dp x cp / ep ranks
+    if spec.is_moe:  # expert gradients (`experts_apart`): reduced and gathered over the `expert_dp` ranks
         terms.update(expert_dp_terms(mc, experts, c.ep.astype(float), n_fold, g_fold, cap, gb, e, fp8_gather))
         terms["weights_s"] = terms["weights_s"] + terms["exp_weights"]
         terms["weights_s_z3"] = terms["weights_s_z3"] + terms["exp_weights_z3"]
