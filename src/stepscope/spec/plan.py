@@ -146,8 +146,7 @@ class ParallelPlan:
 
     @property
     def experts_apart(self) -> bool:
-        """The routed experts have a data-parallel group of their own (`expert_dp`): EP splits them, or whole
-        experts (expert_tp 1) sit on every TP rank, which then reduce their gradients together."""
+        """The routed experts have a data-parallel group of their own (`expert_dp`): EP, or whole on TP ranks."""
         return self.ep > 1 or (self.expert_tp == 1 and self.tp > 1)
 
     @property
