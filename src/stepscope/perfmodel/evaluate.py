@@ -226,20 +226,15 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
     # gradients are reduced where there is a backward pass; ZeRO-3 gathers its weights for forward as well
     if (n_dp > 1 or (experts and n_edp > 1)) and (backward or plan.zero == 3):
         buckets = list(bucket_elements) if bucket_elements else bucket_layout(params, bucket_cap_MiB * 2**20 / gb)
-        if not backward:
-            times = []
-        elif plan.zero == 0:
-            times = [collective_time("all-reduce", b * gb, n_dp, layout["dp_cp"], network) for b in buckets]
-        else:  # reduce-scatter within the shard group
-            times = [collective_time("reduce-scatter", b * gb, shard, layout["shard"], network) for b in buckets]
-        if experts and backward:
-            kind = "all-reduce" if plan.zero == 0 else "reduce-scatter"
-            times = [collective_time(kind, b * gb, n_edp, layout["edp"], network)
-                     for b in bucket_layout(experts, bucket_cap_MiB * 2**20 / gb)] + times
-        # sharded gradients (ZeRO-2/3) have no full-size buffer to accumulate micro-batches into: they are
-        # reduced after every micro-batch's backward, not once per step
-        reductions = m if plan.zero >= 2 else 1
-        reduce_s = reductions * dp_exposed(times, stage_bwd.total_s, plan.dp_overlap) if times else 0.0
+        if backward:  # all-reduce, or reduce-scatter within the shard group; the expert buckets first
+            kind, n, group = ("all-reduce", n_dp, "dp_cp") if plan.zero == 0 else ("reduce-scatter", shard, "shard")
+            times = [collective_time(kind, b * gb, n, layout[group], network) for b in buckets]
+            if experts:
+                times = [collective_time(kind, b * gb, n_edp, layout["edp"], network)
+                         for b in bucket_layout(experts, bucket_cap_MiB * 2**20 / gb)] + times
+            # sharded gradients (ZeRO-2/3) have no full-size buffer to accumulate micro-batches into: they are
+            # reduced after every micro-batch's backward, not once per step
+            reduce_s = (m if plan.zero >= 2 else 1) * dp_exposed(times, stage_bwd.total_s, plan.dp_overlap)
         if backward and plan.zero >= 1 and replicas > 1:  # HSDP: the reduced shards all-reduced across replicas
             shard_times = [collective_time("all-reduce", b / shard * gb, replicas, layout["replica"], network)
                            for b in buckets]

@@ -85,6 +85,7 @@ def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
     up = (2 if gated else 1) * fe / t  # local width of the (gate and) up projection of one expert
     local = n / ep
     routed, sent = routed_tokens(spec, g)
+    busiest = imbalance(spec, g)
     mask = 1 if g.dropout else 0
     a2a_fwd, a2a_bwd, back_fwd = _exchanges(spec, g, sent)
     gather = (Collective("all-gather", routed * h * e, "tp", t),) if t > 1 else ()
@@ -99,12 +100,12 @@ def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
     bias_up, bias_down = (up, h) if spec.mlp_bias else (0.0, 0.0)
     ops.append(_grouped("expert_up", routed, h, up, local * h * up, e, params=local * (h * up + bias_up),
                         saved=routed * h * g.gemm_input_bytes, fwd_comms=gather, bwd_comms=scatter, fp8=g.fp8,
-                        busiest=imbalance(spec, g)))
+                        busiest=busiest))
     hidden = routed * fe / t
     ops.append(_activation("expert", hidden, e, gated))
     ops.append(_grouped("expert_down", routed, fe / t, h, local * fe / t * h, e,
                         params=local * (fe / t * h + bias_down), saved=hidden * g.gemm_input_bytes,
-                        fwd_comms=scatter, bwd_comms=gather, fp8=g.fp8, busiest=imbalance(spec, g)))
+                        fwd_comms=scatter, bwd_comms=gather, fp8=g.fp8, busiest=busiest))
     ops.append(_vector("combine", "moe", "combine", sent * h, (sent + sharded) * h * e, saved=sent * h * e,
                        kernels=PERMUTE_KERNELS, fwd_comms=back_fwd, bwd_comms=a2a_bwd))
     fp8_fwd = routed * h + local * h * up + hidden + local * fe / t * h
