@@ -56,6 +56,8 @@ def test_predict_and_plan_a_mixture_of_experts_model(cli, tmp_path):
     (["--model", "mixtral-8x7b", "--gpus", "8", "--ep", "3"], "ep=3 does not divide n_experts=8"),
     (["--model", "mixtral-8x7b", "--expert-imbalance", "0.5"], "a finite number of at least 1"),
     (["--model", "mixtral-8x7b", "--expert-imbalance", "inf"], "expert_imbalance must be a finite number"),
+    (["--pipeline-rounds", "0"], "invalid value '0' in --pipeline-rounds"),
+    (["--pp", "2", "--global-batch", "6", "--pipeline-rounds", "4"], "pipeline_rounds=4 does not divide the 6"),
 ])
 def test_predict_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
     argv = [a.replace("CPU-fp16-less", str(tmp_path / "missing.toml")) for a in args]

@@ -2,6 +2,7 @@
 
 import pytest
 
+from stepscope.errors import UsageError
 from stepscope.perfmodel import evaluate
 from stepscope.perfmodel.collectives import (
     all_gather,
@@ -87,6 +88,33 @@ def test_pipeline_bubble_is_p_minus_1_over_v_m(pp, v, batch):
     p = evaluate(spec, workload, plan, load_system("A100-80GB"))
     m = p.micro_batches
     assert p.phases["bubble"] / (p.phases["forward"] + p.phases["backward"]) == pytest.approx((pp - 1) / (v * m))
+
+
+def test_each_pipeline_round_fills_and_drains_the_pipeline_again():
+    # gradient accumulation outside the schedule: r rounds of m/r micro-batches, each with its own bubble
+    spec, system = get_preset("gpt3-175b"), load_system("A100-80GB")
+    workload = Workload(batch=32, seq=2048, precision="bf16", mode="train")
+    plan = ParallelPlan(tp=8, pp=8, micro_batch=1)
+    one = evaluate(spec, workload, plan, system)
+    four = evaluate(spec, workload, plan.replace(pipeline_rounds=4), system)
+    assert four.phases["bubble"] == pytest.approx(4 * one.phases["bubble"])
+    assert four.step_s - one.step_s == pytest.approx(3 * one.phases["bubble"])
+    assert {k: v for k, v in four.phases.items() if k != "bubble"} == pytest.approx(
+        {k: v for k, v in one.phases.items() if k != "bubble"})
+    # 1F1B: rank 0 holds min(p, m) micro-batches: 8 of 32 in one schedule, the whole round of 32 / 16 = 2 in 16
+    sixteen = evaluate(spec, workload, plan.replace(pipeline_rounds=16), system)
+    assert sixteen.memory.activations == pytest.approx(one.memory.activations * 2 / 8)
+    assert "rounds4" in plan.replace(pipeline_rounds=4).describe()
+
+
+def test_pipeline_rounds_must_split_the_micro_batches():
+    spec = get_preset("gpt3-175b")
+    with pytest.raises(UsageError, match="pipeline_rounds=3 does not divide the 32 micro-batches"):
+        ParallelPlan(tp=8, pp=8, pipeline_rounds=3).check(spec, 32, 2048)
+    with pytest.raises(UsageError, match="8 micro-batches of each pipeline round to be a multiple of pp=16"):
+        ParallelPlan(tp=8, pp=16, interleave=2, pipeline_rounds=4).check(spec, 32, 2048)
+    with pytest.raises(UsageError, match="pipeline_rounds must be a positive integer"):
+        ParallelPlan(pipeline_rounds=0)
 
 
 def test_data_parallel_overlap_hides_all_but_the_last_bucket():

@@ -66,7 +66,7 @@ def test_vectorized_equals_scalar_on_random_plans(case):
                      {"dropout": False, "fp32_grads": False, "dp_overlap": True, "tp_overlap": True},
                      {"dropout": True, "fp32_grads": False, "dp_overlap": True, "tp_overlap": True,
                       "reshard_after_forward": False, "fp8_recipe": "blockwise", "expert_imbalance": 1.3,
-                      "ep_overlap": True, "dispatcher": "deepep", "expert_tp": 1}):
+                      "ep_overlap": True, "dispatcher": "deepep", "expert_tp": 1, "pipeline_rounds": 2}):
         plans = []
         while len(plans) < (20 if spec.is_moe else 40):  # a MoE reference evaluation costs more
             plan = random_plan(rng, spec, batch, seq, switches)

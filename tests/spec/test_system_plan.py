@@ -114,7 +114,7 @@ def test_rules_work_element_wise_on_arrays_like_on_one_plan(model):
               # uneven stages (0: even) and shard groups, valid and not
               "first_stage_layers": rng.choice([0, 0, 1, 11, 12], n), "last_stage_layers": rng.choice([0, 0, 1, 12], n),
               "shard_group": rng.choice([0, 0, 1, 2, 4], n), "ep": rng.choice([1, 1, 2, 3, 4, 8], n),
-              "expert_tp": rng.choice([0, 1], n)}
+              "expert_tp": rng.choice([0, 1], n), "pipeline_rounds": rng.choice([1, 1, 2, 3, 4], n)}
 
     class Rows:
         pass

@@ -62,6 +62,7 @@ class Candidates:
     ep_overlap: bool = False
     dispatcher: str = "alltoall"
     expert_tp: int = 0
+    pipeline_rounds: int = 1
     reshard_after_forward: bool = True
     fp8_recipe: str = "delayed"
     dropout: bool = False
@@ -117,7 +118,8 @@ class Candidates:
                             last_stage_layers=int(self.last_stage_layers[i]), shard_group=int(self.shard_group[i]),
                             reshard_after_forward=self.reshard_after_forward, fp8_recipe=self.fp8_recipe,
                             ep=int(self.ep[i]), expert_imbalance=self.expert_imbalance, ep_overlap=self.ep_overlap,
-                            dispatcher=self.dispatcher, expert_tp=self.expert_tp)
+                            dispatcher=self.dispatcher, expert_tp=self.expert_tp,
+                            pipeline_rounds=self.pipeline_rounds)
 
     @classmethod
     def from_plans(cls, plans: Sequence[ParallelPlan]) -> Candidates:
@@ -127,11 +129,11 @@ class Candidates:
 
         def switches(p: ParallelPlan) -> tuple:
             return (p.dropout, p.fp32_grads, p.dp_overlap, p.tp_overlap, p.reshard_after_forward, p.fp8_recipe,
-                    p.expert_imbalance, p.ep_overlap, p.dispatcher, p.expert_tp)
+                    p.expert_imbalance, p.ep_overlap, p.dispatcher, p.expert_tp, p.pipeline_rounds)
 
         if any(switches(plan) != switches(first) for plan in plans):
             raise ValueError("plans must share dropout, fp32_grads, dp_overlap, tp_overlap, reshard_after_forward, "
-                             "fp8_recipe, expert_imbalance, ep_overlap, dispatcher and expert_tp")
+                             "fp8_recipe, expert_imbalance, ep_overlap, dispatcher, expert_tp and pipeline_rounds")
 
         def ints(get) -> np.ndarray:
             return np.array([get(p) for p in plans], dtype=np.int64)
@@ -145,7 +147,7 @@ class Candidates:
                    first_stage_layers=ints(lambda p: p.first_stage_layers),
                    last_stage_layers=ints(lambda p: p.last_stage_layers), shard_group=ints(lambda p: p.shard_group),
                    ep=ints(lambda p: p.ep), expert_imbalance=first.expert_imbalance, ep_overlap=first.ep_overlap,
-                   dispatcher=first.dispatcher, expert_tp=first.expert_tp,
+                   dispatcher=first.dispatcher, expert_tp=first.expert_tp, pipeline_rounds=first.pipeline_rounds,
                    reshard_after_forward=first.reshard_after_forward, fp8_recipe=first.fp8_recipe,
                    dropout=first.dropout, fp32_grads=first.fp32_grads, dp_overlap=first.dp_overlap,
                    tp_overlap=first.tp_overlap)

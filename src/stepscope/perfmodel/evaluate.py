@@ -269,7 +269,7 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
         optimizer_s = optimizer_time(local, tensors, act, gb, acc).total_s
 
     per_micro_batch = stage_fwd.total_s + stage_bwd.total_s + p2p_fwd + p2p_bwd
-    bubble_s = bubble(plan.pp, plan.interleave, per_micro_batch)
+    bubble_s = bubble(plan.pp, plan.interleave, per_micro_batch, plan.pipeline_rounds)
     z3_gathers = gather_s if plan.zero == 3 else 0.0  # in the backward phase, or forward's without one
     phases = {"forward": m * (stage_fwd.total_s + p2p_fwd) + (0.0 if backward else z3_gathers),
               "backward": m * (stage_bwd.total_s + p2p_bwd) + reduce_s + (z3_gathers if backward else 0.0),

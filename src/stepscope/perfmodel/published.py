@@ -14,7 +14,7 @@ Optional columns name the software of a run where it differs from today's defaul
 scores are materialised, as in Megatron-LM before 2023), `dropout` (yes: masks kept), `fp32_grads` (yes:
 Megatron's fp32 main_grad), `dispatcher` and `ep_overlap` (MoE token exchange, `ParallelPlan`),
 `expert_groups` and `groups_per_token` (a benchmark's routing where it overrides the model's, as a fake balanced
-gate does).
+gate does), `pipeline_rounds` (gradient accumulation outside the pipeline schedule, as NeMo AutoModel runs it).
 
 A source publishes a step time, tokens/s per GPU, TFLOP/s per GPU or MFU; each becomes a measured step
 time: as published, B·s / (tokens/s/GPU · GPUs), or the run's FLOPs / (rate · GPUs) with the FLOPs counted as
@@ -123,7 +123,8 @@ def _modern(row: dict[str, str], name: str) -> PublishedRun:
                         ep_overlap=row.get("ep_overlap") == "yes", dispatcher=row.get("dispatcher") or "alltoall",
                         flash_attention=row.get("flash") != "no", dropout=row.get("dropout") == "yes",
                         fp32_grads=row.get("fp32_grads") == "yes",
-                        expert_tp=1 if row.get("etp") == "1" and int(row["tp"]) > 1 else 0)
+                        expert_tp=1 if row.get("etp") == "1" and int(row["tp"]) > 1 else 0,
+                        pipeline_rounds=int(row.get("pipeline_rounds") or 1))
     gpus, metric, value = int(row["gpus"]), row["metric"], float(row["value"])
     convention = row["flops_convention"]
     flops = run_flops(model, workload, convention)

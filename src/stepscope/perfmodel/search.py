@@ -93,13 +93,16 @@ class SearchSpace:
     """MoE token dispatcher (`ParallelPlan.dispatcher`)."""
     expert_tp: int = 0
     """Whole experts with EP folded over the TP ranks (1) or experts split over tp (0) (`ParallelPlan.expert_tp`)."""
+    pipeline_rounds: int = 1
+    """Pipeline schedules per step, the same for every plan (`ParallelPlan.pipeline_rounds`)."""
 
     def __post_init__(self) -> None:
         # a value given twice is one value: kept twice, every plan with it would be counted (and tied) twice
         for name, value in vars(self).items():
             if isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(dict.fromkeys(value)))
-        ParallelPlan(expert_imbalance=self.expert_imbalance)  # the plan's rules for the values every plan shares
+        # the plan's rules for the values every plan shares
+        ParallelPlan(expert_imbalance=self.expert_imbalance, pipeline_rounds=self.pipeline_rounds)
 
 
 @dataclass
@@ -188,7 +191,8 @@ def _shape_rows(gpus: int, space: SearchSpace, workload: Workload, n_layers: int
                  sequence_parallel=np.array(space.sequence_parallel, dtype=bool)[sp],
                  first_stage_layers=first3[i, option], last_stage_layers=last3[i, option],
                  shard_group=np.array(space.shard_group, dtype=np.int64)[shard], ep=eps_a[ep],
-                 expert_tp=np.full(len(tp), space.expert_tp, dtype=np.int64))
+                 expert_tp=np.full(len(tp), space.expert_tp, dtype=np.int64),
+                 pipeline_rounds=np.full(len(tp), space.pipeline_rounds, dtype=np.int64))
 
 
 def _uneven_stages(pp: np.ndarray, n_layers: int, option: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -282,6 +286,7 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
                            shard_group=rows.shard_group[r], reshard_after_forward=space.reshard_after_forward,
                            fp8_recipe=space.fp8_recipe, ep=rows.ep[r], expert_imbalance=space.expert_imbalance,
                            ep_overlap=space.ep_overlap, dispatcher=space.dispatcher, expert_tp=space.expert_tp,
+                           pipeline_rounds=space.pipeline_rounds,
                            layout={d: np.repeat(g[lo:hi], k) for d, g in layout.items()})
         out = evaluate_many(spec, workload, system, cands, group_size=k)
         ok = out["feasible"]

@@ -45,12 +45,13 @@ def held_micro_batches(pp, rank, interleave, micro_batches):
 def pipeline_stages(plan: ParallelPlan, n_layers: int, micro_batches: int,
                     dense_layers: int | None = None) -> list[Stage]:
     """The distinct stages: one with everything (pp = 1), or first (rank 0), middle (pp > 2: rank 1, the
-    fullest of them) and last, each holding `held_micro_batches` of its rank. `dense_layers` (a
+    fullest of them) and last, each holding `held_micro_batches` of its rank (of one pipeline round's
+    micro-batches, `ParallelPlan.pipeline_rounds`). `dense_layers` (a
     Mixture-of-Experts model's leading dense blocks; None: every block is dense) sit on the first stage; those
     that do not fit there are counted as MoE blocks of the middle stages (which hold more parameters and at
     least the activated work of a dense block, so the fullest middle stage is bounded)."""
     first, middle, last = plan.stage_layers(n_layers)
-    p, m = plan.pp, micro_batches
+    p, m = plan.pp, micro_batches // plan.pipeline_rounds  # a round's schedule holds at most its own
 
     def held(rank: int) -> float:
         return float(held_micro_batches(p, rank, plan.interleave, m))

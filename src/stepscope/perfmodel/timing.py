@@ -80,9 +80,10 @@ def overlapped_exchange(exchange_s: float, gemm_s: float, sm_share: float) -> fl
     return max(sm_share * exchange_s, exchange_s - gemm_s)
 
 
-def bubble(pp: int, interleave: int, per_micro_batch_s: float) -> float:
-    """Idle time of the 1F1B schedule: (p−1)/v micro-batch slots."""
-    return (pp - 1) / interleave * per_micro_batch_s
+def bubble(pp: int, interleave: int, per_micro_batch_s: float, rounds: int = 1) -> float:
+    """Idle time of the 1F1B schedule: (p−1)/v micro-batch slots, once per pipeline round (a schedule run
+    after another fills and drains the pipeline again)."""
+    return rounds * (pp - 1) / interleave * per_micro_batch_s
 
 
 def bucket_layout(total_elements: float, cap_elements: float) -> list[float]:

@@ -164,7 +164,7 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     optimizer_s = np.where(zero >= 1, T["opt_sharded"], T["opt_full"])
 
     # ---- phases and breakdown ---------------------------------------------------------------------------
-    bubble_s = (T["pp"] - 1) / T["v"] * (stage_fwd + stage_bwd + p2p_fwd + p2p_bwd)
+    bubble_s = c.pipeline_rounds * (T["pp"] - 1) / T["v"] * (stage_fwd + stage_bwd + p2p_fwd + p2p_bwd)
     z3_mask = zero == 3
     z3_gathers = np.where(z3_mask, gather_s, 0.0)  # in the backward phase, or forward's without one
     out = {"forward_ms": 1e3 * (m * (stage_fwd + p2p_fwd) + (0.0 if backward else z3_gathers)),

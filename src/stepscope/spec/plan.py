@@ -1,9 +1,5 @@
-"""`ParallelPlan`: how one training step is spread over GPUs and executed, and the rules a plan must obey.
-
-Pure Python. The rules live in one table (`CONSTRAINTS`) used twice: `ParallelPlan.check` raises on
-the first broken rule with a one-line explanation ("tp=3 does not divide n_heads=32"), and the planner
-evaluates the same predicates on numpy arrays of candidates (they only use `%`, `//`, `==`, `>`, `&`, `|`,
-which work on ints and on arrays alike) to count which rule excluded how many candidates.
+"""`ParallelPlan`: how one training step is spread over GPUs and executed. Pure Python; the rules a plan must
+obey are `plan_rules.CONSTRAINTS`, which `ParallelPlan.check` applies.
 
 Placement: ranks are numbered with the dimensions nested in `placement` order, innermost first. The
 default ("tp", "cp", "dp", "pp") keeps tensor-parallel groups inside an NVLink domain, as Megatron-LM does.
@@ -13,11 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from stepscope.errors import UsageError
+from stepscope.spec.plan_rules import CONSTRAINTS, Facts, stage_layers
+
+__all__ = ["CONSTRAINTS", "DIMENSIONS", "DISPATCHERS", "FP8_RECIPES", "RECOMPUTE", "Facts", "ParallelPlan",
+           "stage_layers"]
 
 RECOMPUTE = ("none", "selective", "full")
 DIMENSIONS = ("tp", "cp", "dp", "pp")
@@ -56,6 +55,11 @@ class ParallelPlan:
     """Virtual pipeline chunks per stage (interleaved 1F1B); 1 = plain 1F1B."""
     micro_batch: int = 1
     """Sequences per micro-batch per data-parallel replica."""
+    pipeline_rounds: int = 1
+    """Pipeline schedules run one after the other per step, each over its share of the micro-batches, the
+    gradients accumulated across them: gradient accumulation outside the schedule, as torchtitan and NeMo
+    AutoModel run it with pp > 1 (each round fills and drains the pipeline). 1: one schedule of all
+    micro-batches (Megatron)."""
     flash_attention: bool = True
     """One fused attention kernel (no s x s matrices stored) instead of scores/softmax/dropout/values ops."""
     dropout: bool = False
@@ -101,7 +105,7 @@ class ParallelPlan:
     (DeepSeek-V3's DualPipe, Megatron-Core's --overlap-moe-expert-parallel-comm); False: exposed."""
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "cp", "interleave", "micro_batch", "ep"):
+        for name in ("dp", "tp", "pp", "cp", "interleave", "micro_batch", "pipeline_rounds", "ep"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise UsageError(f"{name} must be a positive integer, got {value!r}")
@@ -182,6 +186,10 @@ class ParallelPlan:
         """Micro-batches each pipeline processes per step (gradient-accumulation steps)."""
         return global_batch // (self.dp * self.micro_batch)
 
+    def round_micro_batches(self, global_batch: int) -> int:
+        """Micro-batches of one pipeline schedule (`pipeline_rounds` of them run per step)."""
+        return self.micro_batches(global_batch) // self.pipeline_rounds
+
     def replace(self, **changes: Any) -> ParallelPlan:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
@@ -200,7 +208,9 @@ class ParallelPlan:
                   f"first{self.first_stage_layers}" if self.first_stage_layers else "",
                   f"last{self.last_stage_layers}" if self.last_stage_layers else "",
                   f"recompute {self.recompute}" if self.recompute != "none" else "",
-                  f"v{self.interleave}" if self.interleave > 1 else "", "" if self.flash_attention else "no-flash",
+                  f"v{self.interleave}" if self.interleave > 1 else "",
+                  f"rounds{self.pipeline_rounds}" if self.pipeline_rounds > 1 else "",
+                  "" if self.flash_attention else "no-flash",
                   f"imbalance{self.expert_imbalance:g}" if self.expert_imbalance != 1.0 else "",
                   self.dispatcher if self.dispatcher != "alltoall" else "", "ep-overlap" if self.ep_overlap else ""]
         ep = (f"ep{self.ep} " if self.ep > 1 else "") + ("etp1 " if self.expert_tp == 1 and self.tp > 1 else "")
@@ -217,134 +227,3 @@ class ParallelPlan:
             if not constraint.test(self, facts):
                 raise UsageError(constraint.message(self, facts))
         return self
-
-
-@dataclass(frozen=True)
-class Facts:
-    """The model and workload numbers the rules refer to."""
-
-    n_heads: int
-    n_kv_heads: int
-    d_ff: int
-    n_layers: int
-    global_batch: int
-    seq: int
-    n_experts: int = 0
-    expert_d_ff: int = 1
-
-    @classmethod
-    def of(cls, model: Any, global_batch: int, seq: int) -> Facts:
-        return cls(model.n_heads, model.n_kv_heads, model.d_ff, model.n_layers, global_batch, seq,
-                   getattr(model, "n_experts", 0), getattr(model, "expert_d_ff", None) or model.d_ff)
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """One rule: a predicate on (plan, facts) that also works element-wise on arrays, and its explanation."""
-
-    name: str
-    test: Callable[[Any, Facts], Any]
-    message: Callable[[Any, Facts], str]
-
-
-def _expert_ranks(p: Any) -> Any:
-    """Ranks the EP group is carved out of: dp x cp, and the tp ranks too with whole experts (expert_tp 1)."""
-    return p.dp * p.cp * (1 + (p.tp - 1) * (p.expert_tp == 1))
-
-
-def _local_batch(p: Any, f: Facts) -> Any:
-    return f.global_batch // p.dp
-
-
-def stage_layers(pp: Any, first: Any, last: Any, n_layers: int) -> tuple[Any, Any, Any]:
-    """(first, middle, last) layers per stage from the plan's fields (0 = an even share); ints or arrays.
-    The middle stages (pp - 2 of them) share what the first and last leave; pp = 2 has none (middle repeats
-    the first), pp = 1 one stage of n_layers."""
-    even = n_layers // pp
-    first = first + (first == 0) * even
-    last = last + (last == 0) * even
-    inner = (pp - 2) * (pp > 2) + (pp <= 2)  # avoid dividing by zero where there is no middle stage
-    middle = (n_layers - first - last) // inner
-    middle = middle * (pp > 2) + first * (pp <= 2)
-    single = pp == 1
-    return (first * (1 - single) + n_layers * single, middle * (1 - single) + n_layers * single,
-            last * (1 - single) + n_layers * single)
-
-
-def _middle(p: Any, f: Facts) -> Any:
-    return stage_layers(p.pp, p.first_stage_layers, p.last_stage_layers, f.n_layers)[1]
-
-
-def _stages_valid(p: Any, f: Facts) -> Any:
-    first, middle, last = stage_layers(p.pp, p.first_stage_layers, p.last_stage_layers, f.n_layers)
-    even = (p.first_stage_layers == 0) & (p.last_stage_layers == 0)
-    total = first + middle * (p.pp - 2) * (p.pp > 2) + last * (p.pp > 1)
-    uneven_ok = (p.pp > 1) & (first >= 1) & (middle >= 1) & (last >= 1) & (total == f.n_layers)
-    return (even & (f.n_layers % p.pp == 0)) | ((even == False) & uneven_ok)  # noqa: E712 - arrays too
-
-
-def _stages_message(p: Any, f: Facts) -> str:
-    if p.first_stage_layers == 0 and p.last_stage_layers == 0:
-        return (f"pp={p.pp} does not divide n_layers={f.n_layers} (give --first-stage-layers / "
-                f"--last-stage-layers for uneven stages)")
-    if p.pp == 1:
-        return "first/last stage layer counts need pipeline parallelism (pp > 1)"
-    first, middle, last = stage_layers(p.pp, p.first_stage_layers, p.last_stage_layers, f.n_layers)
-    return (f"stages of {first} (first), {last} (last) and {p.pp - 2} x the rest do not split n_layers="
-            f"{f.n_layers} evenly into stages of at least one layer")
-
-
-CONSTRAINTS: tuple[Constraint, ...] = (
-    Constraint("tp divides n_heads", lambda p, f: f.n_heads % p.tp == 0,
-               lambda p, f: f"tp={p.tp} does not divide n_heads={f.n_heads}"),
-    Constraint("tp divides n_kv_heads", lambda p, f: f.n_kv_heads % p.tp == 0,
-               lambda p, f: f"tp={p.tp} does not divide n_kv_heads={f.n_kv_heads}"),
-    Constraint("tp divides d_ff", lambda p, f: f.d_ff % p.tp == 0,
-               lambda p, f: f"tp={p.tp} does not divide d_ff={f.d_ff}"),
-    Constraint("pipeline stages hold every layer", _stages_valid,
-               lambda p, f: _stages_message(p, f)),
-    Constraint("interleave divides layers per stage", lambda p, f: _middle(p, f) % p.interleave == 0,
-               lambda p, f: f"interleave={p.interleave} does not divide the {_middle(p, f)} layers "
-                            f"per pipeline stage"),
-    Constraint("interleave needs pp > 1", lambda p, f: (p.interleave == 1) | (p.pp > 1),
-               lambda p, f: f"interleave={p.interleave} needs pipeline parallelism (pp > 1)"),
-    Constraint("cp splits the sequence", lambda p, f: (p.cp == 1) | (f.seq % (2 * p.cp) == 0),
-               lambda p, f: f"cp={p.cp} needs seq divisible by 2*cp={2 * p.cp} (load-balanced causal split), "
-                            f"got seq={f.seq}"),
-    Constraint("dp divides global batch", lambda p, f: f.global_batch % p.dp == 0,
-               lambda p, f: f"dp={p.dp} does not divide the global batch {f.global_batch}"),
-    Constraint("micro-batch divides local batch", lambda p, f: _local_batch(p, f) % p.micro_batch == 0,
-               lambda p, f: f"micro_batch={p.micro_batch} does not divide the {_local_batch(p, f)} sequences "
-                            f"per data-parallel replica"),
-    Constraint("interleave needs micro-batches divisible by pp",
-               lambda p, f: (p.interleave == 1) | ((_local_batch(p, f) // p.micro_batch) % p.pp == 0),
-               lambda p, f: f"interleave={p.interleave} needs the {_local_batch(p, f) // p.micro_batch} "
-                            f"micro-batches to be a multiple of pp={p.pp}"),
-    Constraint("shard group divides dp x cp", lambda p, f: (p.shard_group == 0) | ((p.dp * p.cp) % (
-        p.shard_group + (p.shard_group == 0)) == 0),
-               lambda p, f: f"shard_group={p.shard_group} does not divide the dp x cp = {p.dp * p.cp} ranks holding "
-                            f"the same weights"),
-    Constraint("ep needs experts", lambda p, f: (p.ep == 1) | (f.n_experts > 0),
-               lambda p, f: f"ep={p.ep} needs a Mixture-of-Experts model (n_experts > 0)"),
-    Constraint("ep divides n_experts", lambda p, f: (f.n_experts == 0) | (f.n_experts % p.ep == 0),
-               lambda p, f: f"ep={p.ep} does not divide n_experts={f.n_experts}"),
-    Constraint("ep divides dp x cp", lambda p, f: (_expert_ranks(p)) % p.ep == 0,
-               lambda p, f: f"ep={p.ep} does not divide the dp x cp{' x tp' if p.expert_tp == 1 else ''} = "
-                            f"{_expert_ranks(p)} ranks it is carved out of"),
-    Constraint("tp divides expert_d_ff",
-               lambda p, f: (f.n_experts == 0) | (p.expert_tp == 1) | (f.expert_d_ff % p.tp == 0),
-               lambda p, f: f"tp={p.tp} does not divide expert_d_ff={f.expert_d_ff}"),
-    Constraint("MoE with tp > 1 needs sequence parallel",
-               lambda p, f: (f.n_experts == 0) | (p.tp == 1) | (p.sequence_parallel == True),  # noqa: E712
-               lambda p, f: "a Mixture-of-Experts model with tp > 1 needs sequence_parallel (as Megatron-Core "
-                            "requires: each TP rank dispatches its own tokens)"),
-    Constraint("ep > 1 shards over all dp x cp ranks", lambda p, f: (p.ep == 1) | (p.shard_group == 0),
-               lambda p, f: f"ep={p.ep} is modelled with ZeRO/FSDP over all dp x cp ranks, not HSDP shard groups "
-                            f"(got shard_group={p.shard_group})"),
-    Constraint("sequence parallel needs tp > 1", lambda p, f: (p.sequence_parallel == False) | (p.tp > 1),  # noqa: E712
-               lambda p, f: "sequence_parallel needs tensor parallelism (tp > 1)"),
-    Constraint("sequence parallel splits the sequence",
-               lambda p, f: (p.sequence_parallel == False) | ((f.seq // p.cp) % p.tp == 0),  # noqa: E712
-               lambda p, f: f"sequence_parallel needs the {f.seq // p.cp} tokens per sequence and context-parallel "
-                            f"rank to be divisible by tp={p.tp}"),
-)

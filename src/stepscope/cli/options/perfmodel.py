@@ -59,6 +59,9 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
                       "(and an fp8 forward dispatch in fp8 runs, as DeepSeek-V3)")
     add_config_option(group, ParallelPlan, "--expert-tp", "MoE experts: 0 split over tp like the dense MLP | 1 whole "
                       "on each GPU, EP folded over the TP ranks (Megatron-Core's expert-tensor-parallel size 1)")
+    add_config_option(group, ParallelPlan, "--pipeline-rounds", "pipeline schedules run one after the other per step, "
+                      "gradients accumulated across them, each filling and draining the pipeline (gradient "
+                      "accumulation outside the schedule: torchtitan, NeMo AutoModel); 1: one schedule (Megatron)")
 
 
 def training_from_args(args: argparse.Namespace) -> ModelledWorkload:
@@ -74,7 +77,8 @@ def switches_from_args(args: argparse.Namespace) -> dict[str, bool | str | int]:
     return {"dropout": args.dropout, "fp32_grads": args.fp32_grads, "dp_overlap": not args.no_dp_overlap,
             "tp_overlap": args.tp_overlap, "ep_overlap": args.ep_overlap,
             "dispatcher": one_value(args.dispatcher, choice(*DISPATCHERS), "--dispatcher"),
-            "expert_tp": int(one_value(args.expert_tp, choice("0", "1"), "--expert-tp"))}
+            "expert_tp": int(one_value(args.expert_tp, choice("0", "1"), "--expert-tp")),
+            "pipeline_rounds": one_value(args.pipeline_rounds, positive_int, "--pipeline-rounds")}
 
 
 def add_plan_options(parser: argparse.ArgumentParser) -> None:
