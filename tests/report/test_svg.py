@@ -44,3 +44,20 @@ def test_bars_of_one_group_share_a_colour_named_in_the_legend():
     svg = bar_chart(["fwd a", "fwd b", "bwd a"], [1.0, 2.0, 3.0], y_label="ms", groups=["fwd", "fwd", "bwd"])
     assert re.findall(r'<rect class="bar (s\d)"', svg) == ["s0", "s0", "s1"]
     assert '<i class="s0"></i>fwd' in svg and '<i class="s1"></i>bwd' in svg
+
+
+def test_values_beyond_the_axes_arithmetic_give_a_line_instead_of_a_crash():
+    assert "no plot" in bar_chart(["a", "b"], [1e308, -1e308], y_label="y")
+    assert "no plot" in line_chart([Series("s", [(1.0, 1e-320), (2.0, 1e300)])], x_label="x", y_label="y",
+                                   log_y=True)
+    assert "<svg" in bar_chart(["a", "b"], [1.0, -2.0], y_label="y")
+
+
+def test_a_comm_sweep_is_one_line_of_time_against_size_whatever_follows_the_size():
+    from stepscope.report.plots import plot_table
+
+    rows = [{"backend": "gloo", "op": "all_reduce", "size_bytes": size, "requested_bytes": size, "count": size // 4,
+             "time_us_max": 10.0 + size / 1e3} for size in (1024, 8192, 65536, 524288)]
+    svg = plot_table("comm", "point", rows, ["backend", "op", "size_bytes", "requested_bytes", "count"],
+                     "time_us_max")
+    assert svg.count('class="line') == 1 and "count=" not in svg

@@ -2,8 +2,11 @@
 
 import json
 
+import pytest
+
+from stepscope.errors import UsageError
 from stepscope.results.store import RecordStore, make_record, point_key, read_records
-from stepscope.results.views import record_row, render
+from stepscope.results.views import default_columns, record_row, render
 
 
 def test_append_read_and_keys(tmp_path):
@@ -61,7 +64,15 @@ def test_record_row_env_columns_are_prefixed_and_optional():
     assert not any(key.startswith("env.") for key in record_row(record))
     row = record_row(record, env=True)
     assert row["env.hostname"] == "vm" and row["env.threads"] == 2 and row["env.torch"] == "2.0"
-    assert row["threads"] == 2 and row["seq"] == 8
+    # the metric named like a config field keeps both: asked for (None: the default) and used
+    assert row["threads"] is None and row["metrics.threads"] == 2 and row["seq"] == 8
+    assert default_columns([record], [row]).count("threads") == 1 and "metrics.threads" in default_columns([record],
+                                                                                                         [row])
+
+
+def test_cells_that_look_like_rich_markup_print_as_they_are():
+    text = render([{"op": "[param|cuda]", "note": "[/bold] x"}], fmt="table")
+    assert "[param|cuda]" in text and "[/bold] x" in text
 
 
 def test_remove_rewrites_without_the_selected_records_and_keeps_other_lines(tmp_path):
@@ -77,3 +88,18 @@ def test_remove_rewrites_without_the_selected_records_and_keeps_other_lines(tmp_
     assert [p.name for p in tmp_path.iterdir()] == ["profile-timer.jsonl"]  # nothing left aside
     assert store.remove(lambda r: True) == 2 and store.records() == []
     assert RecordStore(tmp_path, "absent").remove(lambda r: True) == 0
+
+
+def test_reading_a_folder_skips_what_is_not_a_record_file_and_reads_each_file_once(tmp_path):
+    store = RecordStore(tmp_path, "step").check_writable()
+    store.append(make_record("step", {"seq": 1}, {"x_ms": 1.0}))
+    (tmp_path / "sub.jsonl").mkdir()  # a folder named like a record file
+    (tmp_path / "old.jsonl").symlink_to(tmp_path / "gone.jsonl")  # a dangling link
+    with open(store.path, "a") as handle:  # right schema, but sections that are not tables: not records
+        for bad in ({"env": "x"}, {"config": "abc"}, {"metrics": [1]}, {"kind": ["a"]}):
+            handle.write(json.dumps({**make_record("step", {"seq": 2}, {}), **bad}) + "\n")
+    assert [r["config"]["seq"] for r in read_records(tmp_path)] == [1]
+    # a folder and a file in it: the file is read once
+    assert len(read_records(tmp_path, store.path, tmp_path / ".")) == 1
+    with pytest.raises(UsageError, match="no such results file or folder"):
+        read_records(tmp_path / "missing")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from html import escape
 
 from stepscope.report.html import Page
-from stepscope.report.matches import comm_vs_fit, fit_curve, group_label, step_vs_predict, trace_vs_predict
+from stepscope.report.matches import comm_vs_fit, fit_curve, step_vs_predict, trace_vs_predict
 from stepscope.report.plots import MAX_SERIES
 from stepscope.report.study import Study
 from stepscope.report.svg import Series, line_chart
@@ -24,26 +24,29 @@ def compared_section(page: Page, study: Study) -> None:
     body: list[str] = []
     steps = step_vs_predict(study.kinds.get("step", []), study.kinds.get("predict", []))
     if steps:
-        points = [(row["step_measured_ms"], row["step_predicted_ms"]) for row in steps if "step_measured_ms" in row]
-        low = min(min(p) for p in points)
-        high = max(max(p) for p in points)
-        if len(steps) <= MAX_SERIES:  # a colour and a legend entry per pair while they stay readable
-            scatter = [Series(f"{r['model']} b{r['batch']} s{r['seq']} {r['mode']} {r['precision']}",
-                              [(r["step_measured_ms"], r["step_predicted_ms"])], joined=False) for r in steps]
-        else:
-            scatter = [Series("measured steps", points, joined=False)]
-        svg = line_chart([*scatter, Series("predicted = measured", [(low, low), (high, high)], dashed=True, colour=7)],
-                         x_label="measured step ms", y_label="predicted step ms", log_x=True, log_y=True)
+        timed = [row for row in steps if "step_measured_ms" in row]  # a record may lack the whole-step time
+        figure = []
+        if timed:
+            points = [(row["step_measured_ms"], row["step_predicted_ms"]) for row in timed]
+            low, high = min(min(p) for p in points), max(max(p) for p in points)
+            if len(timed) <= MAX_SERIES:  # a colour and a legend entry per pair while they stay readable
+                scatter = [Series(f"{r['model']} b{r['batch']} s{r['seq']} {r['mode']} {r['precision']}",
+                                  [(r["step_measured_ms"], r["step_predicted_ms"])], joined=False) for r in timed]
+            else:
+                scatter = [Series("measured steps", points, joined=False)]
+            svg = line_chart([*scatter, Series("predicted = measured", [(low, low), (high, high)], dashed=True,
+                                               colour=7)],
+                             x_label="measured step ms", y_label="predicted step ms", log_x=True, log_y=True)
+            figure = [_figure(svg, "predicted against measured step time; on the dashed line the model is exact")]
         body += ["<h3>step vs predict</h3>",
-                 "<p>Each measured step beside the one-GPU prediction of the same model, batch, sequence, precision "
-                 "and mode; error = (predicted − measured) / measured.</p>",
-                 _figure(svg, "predicted against measured step time; on the dashed line the model is exact"),
+                 "<p>Each measured step beside the one-GPU prediction of the same model, batch, sequence, precision, "
+                 "mode and plan; error = (predicted − measured) / measured.</p>", *figure,
                  page.table(steps, columns_of(steps), css_class="match", data={"match": "step-predict"})]
     rows, fits = comm_vs_fit(study.kinds.get("comm", []))
     if rows:
         series, measured = [], {}
         for row in rows:
-            measured.setdefault(group_label(row), []).append((row["size_bytes"], row["time_measured_us"]))
+            measured.setdefault(row["group"], []).append((row["size_bytes"], row["time_measured_us"]))
         for colour, (label, fit) in enumerate(list(fits.items())[: MAX_SERIES // 2]):
             sizes = [size for size, _ in measured[label]]
             series.append(Series(label, measured[label], colour=colour))
@@ -52,7 +55,7 @@ def compared_section(page: Page, study: Study) -> None:
                                  dashed=True, colour=colour))
         svg = line_chart(series, x_label="size_bytes", y_label="time_us", log_x=True, log_y=True)
         body += ["<h3>comm vs α–β fit</h3>",
-                 "<p>Each measured collective beside the fitted t(S) = α + factor·S/β of its group.</p>",
+                 "<p>Each measured collective beside the fitted t(S) = α + factor·S/β made from its own sweep.</p>",
                  _figure(svg, "measured points and their fitted curves (dashed)" + (
                      f"; the first {MAX_SERIES // 2} of {len(fits)} groups (every point is in the table)"
                      if len(fits) > MAX_SERIES // 2 else "")),

@@ -27,7 +27,7 @@ def _cell(value: Any) -> str:
     if value.__class__ is str:  # most cells: skip format_value's number checks
         return escape(value, quote=False)
     if isinstance(value, (list, tuple)):
-        return escape(", ".join(format_value(v) for v in value))
+        return escape("; ".join(format_value(v) for v in value))  # ", " would read as a thousands separator
     if isinstance(value, dict):
         return escape(", ".join(f"{k}={format_value(v)}" for k, v in value.items()))
     return escape(format_value(value), quote=False)

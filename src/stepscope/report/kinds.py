@@ -21,6 +21,9 @@ class PlotHint:
     """Both axes logarithmic (sizes and times over decades)."""
     label: tuple[str, ...] = ()
     """Fields naming a bar (default: the configuration fields that differ between rows)."""
+    series: tuple[str, ...] = ()
+    """Fields naming a line of a line chart (default: the configuration fields that differ between rows and do
+    not follow x)."""
 
 
 DESCRIPTIONS = {
@@ -67,7 +70,9 @@ HINTS: dict[tuple[str, str | None], PlotHint] = {
     ("memory", None): PlotHint(("peak_MiB",)),
     ("memory-phase", None): PlotHint(("peak_MiB",), label=("phase",)),
     ("memory-alloc", None): PlotHint(("size_MiB",), label=("op",)),
-    ("comm", "point"): PlotHint(("time_us_max", "time_us_mean"), x="size_bytes", log=True),
+    ("comm", "point"): PlotHint(("time_us_max", "time_us_mean"), x="size_bytes", log=True,
+                                series=("backend", "op", "world_size", "dtype", "mode", "in_place", "redop", "skew",
+                                        "source")),
     ("comm", "fit"): PlotHint(("beta_GBps",)),
     ("trace", "rank"): PlotHint(("step_ms",), label=("rank",)),
     ("trace", "step"): PlotHint(("step_ms",), label=("rank", "step")),
@@ -80,6 +85,7 @@ HINTS: dict[tuple[str, str | None], PlotHint] = {
     ("plan", None): PlotHint(("step_s", "tokens_per_s")),
     ("compare", None): PlotHint(("step_error_pct",)),
     ("validate", None): PlotHint(("error_pct",), label=("run",)),
+    ("moe-ep", None): PlotHint(("layer_ms_median",)),
 }
 
 

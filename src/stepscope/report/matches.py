@@ -1,10 +1,12 @@
 """Measured next to predicted, where both describe the same configuration:
 
 - a measured `step` and a `predict` record of the same model (every ModelSpec field), batch, sequence,
-  precision and mode on one device (the prediction's plan is one GPU): each phase's median time against the
-  predicted time, with the error;
-- a measured `comm` point and the α–β fit of its group (backend, op, world size, dtype, mode, in place): the
-  time against the fitted t(S) = α + factor·S/β;
+  precision and mode on one device, whose plan runs as the step did (one GPU, the whole batch in one
+  micro-batch, no recomputation, fused attention unless the step's was naive): each phase's median time
+  against the predicted time, with the error;
+- a measured `comm` point and the α–β fit made from its own sweep (same group: backend, op, world size, dtype,
+  mode, in place, skew, reduction, source; same command, host and commit; the next such fit in the records):
+  the time against the fitted t(S) = α + factor·S/β;
 - a trace against its prediction: `compare --trace` records, which hold both sides already (a trace stores no
   model, so nothing else can pair it).
 
@@ -18,7 +20,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from stepscope.distributed.collectives.alpha_beta import FIT_GROUP_FIELDS, AlphaBetaFit, headline_time_us
+from stepscope.distributed.collectives.alpha_beta import (
+    FIT_GROUP_FIELDS,
+    OPTIONAL_GROUP_FIELDS,
+    AlphaBetaFit,
+    headline_time_us,
+)
 
 STEP_PHASES = (("step", "step_ms_median", "step_s", 1000.0), ("forward", "forward_ms_median", "forward_ms", 1.0),
                ("backward", "backward_ms_median", "backward_ms", 1.0),
@@ -41,8 +48,17 @@ def _step_key(config: dict[str, Any]) -> str | None:
     return json.dumps({"spec": spec, **{f: config.get(f) for f in WORKLOAD_FIELDS}}, sort_keys=True, default=str)
 
 
+def _runs_as_measured(plan: Any, step_config: dict[str, Any]) -> bool:
+    """The prediction's plan is how a single-process `step` runs (`compare.single_process_plan`): the whole
+    batch in one micro-batch, no recomputation, fused attention unless the step ran the naive one."""
+    if not isinstance(plan, dict):
+        return False
+    return (plan.get("micro_batch") == step_config.get("batch") and plan.get("recompute", "none") == "none"
+            and bool(plan.get("flash_attention", True)) == (step_config.get("attention", "sdpa") != "naive"))
+
+
 def step_vs_predict(steps: Sequence[dict[str, Any]], predictions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (measured step, one-GPU prediction) pair of the same configuration."""
+    """One row per (measured step, one-GPU prediction) pair of the same configuration and plan."""
     predicted: dict[str, list[dict[str, Any]]] = {}
     for record in predictions:
         config = record.get("config") or {}
@@ -52,9 +68,11 @@ def step_vs_predict(steps: Sequence[dict[str, Any]], predictions: Sequence[dict[
     rows = []
     for step in steps:
         config = step.get("config") or {}
-        if step.get("status") != "ok":
+        if step.get("status") != "ok" or not isinstance(step.get("metrics"), dict):
             continue
         for prediction in predicted.get(_step_key(config) or "", []):
+            if not _runs_as_measured(prediction["config"].get("plan"), config):
+                continue
             row: dict[str, Any] = {"model": config.get("model"), **{f: config.get(f) for f in WORKLOAD_FIELDS},
                                    "device": (step.get("env") or {}).get("device_name"),
                                    "system": prediction["config"].get("system")}
@@ -70,40 +88,57 @@ def step_vs_predict(steps: Sequence[dict[str, Any]], predictions: Sequence[dict[
     return rows
 
 
-def _fit_group(config: dict[str, Any]) -> tuple:
-    return tuple(config.get(f) for f in FIT_GROUP_FIELDS) + (config.get("redop"), config.get("source"))
+def _fit_key(record: dict[str, Any]) -> tuple:
+    """The group a fit covers (`alpha_beta.fit_records`'s, skews and seeds apart) within one sweep: the same
+    command on the same host at the same commit."""
+    config, env = record.get("config") or {}, record.get("env") or {}
+    return (tuple(str(config.get(f)) for f in FIT_GROUP_FIELDS + OPTIONAL_GROUP_FIELDS)
+            + (str(env.get("hostname")), str(env.get("command")), str(env.get("git_sha"))))
 
 
 def comm_vs_fit(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, AlphaBetaFit]]:
-    """One row per measured comm point whose group has a fit, and each group's fit by its label."""
-    fits: dict[tuple, AlphaBetaFit] = {}
-    for record in records:
-        config, metrics = record.get("config") or {}, record.get("metrics") or {}
-        if config.get("record") == "fit" and record.get("status") == "ok" and metrics.get("alpha_us") is not None:
-            fits[_fit_group(config)] = AlphaBetaFit(**{name: metrics.get(name) for name in (
-                "alpha_us", "beta_GBps", "bus_factor", "residual_rms_pct", "residual_max_pct", "residual_rms_us",
-                "points")})
+    """One row per measured comm point paired with the fit of its own sweep (the next fit of its group in the
+    records: `comm --fit` writes the fit after the points it was made from), and each fit by its label; a
+    label seen before gets ` (run 2)`, ` (run 3)`, ... so that reruns stay apart."""
+    pending: dict[tuple, list[dict[str, Any]]] = {}
     rows, labelled = [], {}
     for record in records:
-        config = record.get("config") or {}
-        fit = fits.get(_fit_group(config))
-        measured = headline_time_us(record.get("metrics") or {})
-        if config.get("record") != "point" or record.get("status") != "ok" or fit is None or measured is None:
+        config, metrics = record.get("config") or {}, record.get("metrics") or {}
+        if record.get("status") != "ok":
             continue
-        label = group_label(config)
-        labelled[label] = fit
-        predicted = fit.predict_us(config["size_bytes"])
-        rows.append({**{f: config.get(f) for f in FIT_GROUP_FIELDS}, "size_bytes": config["size_bytes"],
-                     "time_measured_us": measured, "time_fit_us": predicted,
-                     "error_pct": error_pct(measured, predicted)})
+        if config.get("record") == "point" and headline_time_us(metrics) is not None and "size_bytes" in config:
+            pending.setdefault(_fit_key(record), []).append(record)
+        elif config.get("record") == "fit" and metrics.get("alpha_us") is not None:
+            points = pending.pop(_fit_key(record), [])
+            if not points:
+                continue
+            fit = AlphaBetaFit(**{name: metrics.get(name) for name in (
+                "alpha_us", "beta_GBps", "bus_factor", "residual_rms_pct", "residual_max_pct", "residual_rms_us",
+                "points")})
+            label, run = group_label(config), 1
+            while (label if run == 1 else f"{label} (run {run})") in labelled:
+                run += 1
+            label = label if run == 1 else f"{label} (run {run})"
+            labelled[label] = fit
+            for point in points:
+                point_config = point["config"]
+                measured = headline_time_us(point["metrics"])
+                predicted = fit.predict_us(point_config["size_bytes"])
+                rows.append({"group": label, **{f: point_config.get(f) for f in FIT_GROUP_FIELDS},
+                             "size_bytes": point_config["size_bytes"], "time_measured_us": measured,
+                             "time_fit_us": predicted, "error_pct": error_pct(measured, predicted)})
     return rows, labelled
 
 
 def group_label(config: dict[str, Any]) -> str:
-    """`gloo all_reduce x2 fp32 per-op in-place`: a fit group in a few words."""
+    """`gloo all_reduce x2 fp32 per-op in-place`: a fit group in a few words (with its skew, reduction and
+    source where it has one)."""
     place = "in-place" if config.get("in_place") else "out-of-place"
-    return f"{config.get('backend')} {config.get('op')} x{config.get('world_size')} {config.get('dtype')} " \
-           f"{config.get('mode')} {place}"
+    extras = [f"skew {config['skew']}" if config.get("skew") is not None else "",
+              f"{config['redop']}" if config.get("redop") not in (None, "sum") else "",
+              f"from {config['source']}" if config.get("source") else ""]
+    return " ".join([f"{config.get('backend')} {config.get('op')} x{config.get('world_size')} {config.get('dtype')} "
+                     f"{config.get('mode')} {place}", *[e for e in extras if e]])
 
 
 def fit_curve(fit: AlphaBetaFit, low: float, high: float, points: int = 24) -> list[tuple[float, float]]:

@@ -34,6 +34,16 @@ def choose_metric(kind: str, table: str | None, rows: Sequence[dict[str, Any]], 
     return (medians or plain or numeric or [None])[0]
 
 
+def _follows(rows: Sequence[dict[str, Any]], x: str, column: str) -> bool:
+    """Each value of `x` comes with one value of `column`, and `column` takes more than one: it adds nothing to
+    x (sizes and the element counts they hold)."""
+    seen: dict[Any, Any] = {}
+    for row in rows:
+        if seen.setdefault(row.get(x), row.get(column)) != row.get(column):
+            return False
+    return len(set(map(str, seen.values()))) > 1 and len(seen) > 1
+
+
 def plot_table(kind: str, table: str | None, rows: Sequence[dict[str, Any]], identity: Sequence[str],
                metric: str | None) -> str:
     """Inline SVG (and legend) for one table's rows, or "" when there is nothing to plot."""
@@ -48,7 +58,9 @@ def plot_table(kind: str, table: str | None, rows: Sequence[dict[str, Any]], ide
         x = next((c for c in identity if all(_number(row.get(c)) for row in rows)
                   and len({row.get(c) for row in rows}) >= 3), None)
     if x is not None and all(_number(row.get(x)) for row in rows):
-        others = [c for c in identity if c != x]
+        # a field that follows x (a comm point's requested bytes and element count follow its size) names no line
+        others = [c for c in (known.series if known and known.series else identity)
+                  if c != x and not _follows(rows, x, c) and len({str(row.get(c)) for row in rows}) > 1]
         groups: dict[str, list[tuple[float, float]]] = {}
         for row in rows:
             name = " ".join(f"{c}={format_value(row.get(c))}" for c in others) or metric

@@ -12,8 +12,8 @@ from typing import Any
 from stepscope.errors import UsageError
 from stepscope.results.store import read_records
 
-KIND_ORDER = ("step", "step-ab", "profile", "memory", "attention", "precision", "comm", "ddp", "innet", "trace",
-              "predict", "plan", "compare", "calibrate", "validate")
+KIND_ORDER = ("step", "step-ab", "profile", "memory", "attention", "precision", "comm", "ddp", "moe", "innet",
+              "trace", "predict", "plan", "compare", "calibrate", "validate")
 """Sections in the order of the README (measure, communicate, analyse, model); a kind not listed (a
 `profile-*` table, a kind added later) follows its family, unknown families go last."""
 
@@ -35,9 +35,8 @@ def load_study(paths: Sequence[str | os.PathLike]) -> Study:
     if not paths:
         raise UsageError("give at least one results folder or .jsonl file")
     by_kind: dict[str, list[dict[str, Any]]] = {}
-    for path in paths:
-        for record in read_records(path):
-            by_kind.setdefault(str(record.get("kind") or "unknown"), []).append(record)
+    for record in read_records(*paths):  # a file reached twice (a folder and a file in it) is read once
+        by_kind.setdefault(str(record.get("kind") or "unknown"), []).append(record)
     if not by_kind:
         raise UsageError(f"no stepscope records in {', '.join(str(p) for p in paths)}")
     ordered = dict(sorted(by_kind.items(), key=lambda item: _order(item[0])))

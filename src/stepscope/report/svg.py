@@ -9,10 +9,12 @@ stay small (`MAX_HOVER`).
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
+from typing import Any
 
 from stepscope.results.views import format_value
 
@@ -128,6 +130,19 @@ def _legend(series: Sequence[Series]) -> str:
     return f'<div class="legend">{"".join(items)}</div>' if len(items) > 1 else ""
 
 
+def _or_no_plot(chart: Callable[..., str]) -> Callable[..., str]:
+    """A chart whose values overflow the arithmetic of its axes (±1e308, subnormal on a log axis) becomes a
+    line saying so: one odd record must not cost the reader the whole page."""
+    @functools.wraps(chart)
+    def drawn(*args: Any, **kwargs: Any) -> str:
+        try:
+            return chart(*args, **kwargs)
+        except (OverflowError, ValueError, ZeroDivisionError):
+            return '<p class="caption">no plot: the values are beyond what the axes can draw</p>'
+    return drawn
+
+
+@_or_no_plot
 def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, log_x: bool = False,
                log_y: bool = False) -> str:
     """Lines through each series' points (sorted by x), markers with hover values while there are few."""
@@ -155,6 +170,7 @@ def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, log_x: b
     return _svg(body, y_label) + _legend(series)
 
 
+@_or_no_plot
 def bar_chart(labels: Sequence[str], values: Sequence[float], *, y_label: str, x_label: str = "",
               groups: Sequence[str] | None = None) -> str:
     """One bar per label (the first MAX_BARS), each with its value on hover; bars of one of `groups` (a phase, a

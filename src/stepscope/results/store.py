@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,22 +122,31 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
-def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All records in a .jsonl file, or in every .jsonl file of a folder; torn or foreign lines skipped."""
+def record_files(path: str | os.PathLike) -> list[Path]:
+    """The .jsonl file `path`, or the .jsonl files of the folder `path` (sub-folders and dangling links that
+    happen to end in .jsonl are not record files)."""
     path = Path(path)
     if path.is_dir():
-        files: Iterable[Path] = sorted(path.glob("*.jsonl"))
-    elif path.exists():
-        files = [path]
-    else:
-        raise UsageError(f"no such results file or folder: {path}")
-    records = []
-    for file in files:
-        with open(file, encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                record = _parse(line)
-                if record is not None:
-                    records.append(record)
+        return sorted(p for p in path.glob("*.jsonl") if p.is_file())
+    if path.exists():
+        return [path]
+    raise UsageError(f"no such results file or folder: {path}")
+
+
+def read_records(*paths: str | os.PathLike) -> list[dict[str, Any]]:
+    """All records in .jsonl files, or in every .jsonl file of folders; torn or foreign lines skipped, a file
+    named twice (a folder and a file in it) read once."""
+    records: list[dict[str, Any]] = []
+    seen: set[Path] = set()
+    for file in (f for path in paths for f in record_files(path)):
+        if file.resolve() in seen:
+            continue
+        seen.add(file.resolve())
+        try:
+            with open(file, encoding="utf-8", errors="replace") as handle:
+                records.extend(record for record in map(_parse, handle) if record is not None)
+        except OSError as err:
+            raise UsageError(f"cannot read {file}: {err.strerror or err}") from None
     return records
 
 
@@ -150,4 +159,9 @@ def _parse(line: str) -> dict[str, Any] | None:
         record = json.loads(line)
     except json.JSONDecodeError:
         return None
-    return record if isinstance(record, dict) and record.get("schema") == SCHEMA else None
+    if not (isinstance(record, dict) and record.get("schema") == SCHEMA and isinstance(record.get("kind"), str)):
+        return None
+    # a line of the right schema whose sections are not tables is not one of our records either
+    if any(not isinstance(record.get(section, {}), dict) for section in ("config", "metrics", "env")):
+        return None
+    return record

@@ -84,31 +84,46 @@ def _rich_table(rows: Sequence[dict[str, Any]], columns: list[str], cells: list[
                 width: int | None) -> str:
     from rich import box
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    # Text, not str: rich would read `[param|cuda]` (an op name) or `[/bold]` in a note as markup
+    table = Table(title=Text(title) if title else None, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     for column in columns:
-        table.add_column(column, justify="right" if _numeric(rows, column) else "left", overflow="fold")
+        table.add_column(Text(column), justify="right" if _numeric(rows, column) else "left", overflow="fold")
     for row_cells in cells:
-        table.add_row(*row_cells)
+        table.add_row(*(Text(cell) for cell in row_cells))
     buffer = io.StringIO()
-    # a wide virtual console: the table takes its natural width instead of folding headers
-    Console(file=buffer, width=width or 1000, no_color=True, highlight=False).print(table)
+    console = Console(file=buffer, width=width or 1_000_000, no_color=True, highlight=False)
+    if width is None:  # the table's natural width, however wide, instead of folding its headers and cells
+        console.width = max(80, Measurement.get(console, console.options, table).maximum)
+    console.print(table)
     return "\n".join(line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines())
 
 
 def record_row(record: dict[str, Any], *, env: bool = False) -> dict[str, Any]:
-    """Flatten a record to one row: kind, status, config fields, metrics (nested names dotted when they clash);
-    with `env`, also the environment as `env.<field>` columns (`env.hostname`, `env.torch`, `env.threads`)."""
+    """Flatten a record to one row: kind, status, config fields, metrics (nested names dotted when they clash; a
+    metric named like a config field as `metrics.<name>`); with `env`, also the environment as `env.<field>`
+    columns (`env.hostname`, `env.torch`, `env.threads`)."""
     row: dict[str, Any] = {"kind": record.get("kind"), "status": record.get("status")}
-    flat: list[tuple[str, str, Any]] = []
+    flat: list[tuple[str, str, str, Any]] = []
     for section in ("config", "metrics"):
-        _flatten(record.get(section) or {}, "", flat)
+        data = record.get(section)
+        entries: list[tuple[str, str, Any]] = []
+        _flatten(data if isinstance(data, dict) else {}, "", entries)
+        flat.extend((section, leaf, dotted, value) for leaf, dotted, value in entries)
     counts: dict[str, int] = {}
-    for leaf, _, _ in flat:
+    for _, leaf, _, _ in flat:
         counts[leaf] = counts.get(leaf, 0) + 1
-    for leaf, dotted, value in flat:
-        row[leaf if counts[leaf] == 1 and leaf not in ("kind", "status") else dotted] = value
+    config_names = set()
+    for section, leaf, dotted, value in flat:
+        name = leaf if counts[leaf] == 1 and leaf not in ("kind", "status") else dotted
+        if section == "config":
+            config_names.add(name)
+        elif name in config_names:  # a metric named like a config field (`threads`: asked for vs used)
+            name = f"metrics.{dotted}"
+        row[name] = value
     if record.get("note"):
         row["note"] = record["note"]
     if env:
@@ -142,7 +157,8 @@ def varying_columns(rows: Sequence[dict[str, Any]], candidates: Iterable[str]) -
 
 
 QUIET_SUFFIXES = ("_mean", "_std", "_min", "_max", "_p10", "_p90", "_n")
-"""Statistics a default view hides (the median stays): `stepscope show --columns all` shows everything."""
+"""Statistics a default view hides where their median is shown: `stepscope show --columns all` shows
+everything."""
 
 
 def default_columns(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -150,8 +166,13 @@ def default_columns(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, 
     `rows`): the kind when several are mixed, the configuration fields that tell rows apart, the status and the
     metrics (medians, not every statistic), and the note when a row has one."""
     config_keys = [c for c in columns_of(layout_rows(records, "config")) if c not in ("kind", "status")]
-    metric_keys = [c for c in columns_of(layout_rows(records, "metrics"))
-                   if c not in ("kind", "status") and not c.endswith(QUIET_SUFFIXES)]
+    metrics = columns_of(layout_rows(records, "metrics"))
+
+    def quiet(name: str) -> bool:  # a statistic beside its median (comm's time_us_max has none: it stays)
+        return any(name.endswith(s) and name[: -len(s)] + "_median" in metrics for s in QUIET_SUFFIXES)
+
+    metric_keys = [f"metrics.{c}" if c in config_keys else c for c in metrics
+                   if c not in ("kind", "status") and not quiet(c)]
     kinds = ["kind"] if len({r.get("kind") for r in records}) > 1 else []
     identity = varying_columns(rows, config_keys) or [c for c in config_keys if "." not in c][:6]
     columns = kinds + identity + ["status"] + metric_keys
