@@ -40,3 +40,25 @@ def test_no_trace_records_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="no trace step records"):
         run_trace_compare(TraceCompareConfig(model=get_preset("small"), workload=Workload(batch=1, seq=128),
                                              plan=ParallelPlan(), records=(str(tmp_path / "empty.jsonl"),)))
+
+
+def test_records_of_one_job_only(tmp_path: Path) -> None:
+    for r in (0, 1):
+        two_step_rank(rank=r, world_size=2).write(tmp_path / f"rank{r}.json")
+    two_step_rank(rank=0, world_size=2, slow=50).write(tmp_path / "other.json")
+    out = tmp_path / "out"
+    run_trace(TraceConfig(paths=(str(tmp_path / "rank0.json"), str(tmp_path / "rank1.json")), plot=""), out)
+    run_trace(TraceConfig(paths=(str(tmp_path / "rank0.json"), str(tmp_path / "rank1.json")), plot=""), out)
+    spec, workload = get_preset("small", n_layers=2), Workload(batch=8, seq=128, precision="bf16", mode="train")
+
+    def compare(plan: ParallelPlan) -> list[dict]:
+        return run_trace_compare(TraceCompareConfig(model=spec, workload=workload, plan=plan, records=(str(out),),
+                                                    system="A100-80GB")).rows()
+
+    rows = compare(ParallelPlan(dp=2, micro_batch=4))  # the same job analysed twice: its steps once
+    assert [row["steps"] for row in rows] == [2, 2]
+    with pytest.raises(UsageError, match="a job of 2 ranks but the plan has 1 GPUs"):
+        compare(ParallelPlan(dp=1, micro_batch=8))
+    run_trace(TraceConfig(paths=(str(tmp_path / "other.json"),), plot=""), out)  # another job, same folder
+    with pytest.raises(UsageError, match="2 traced jobs"):
+        compare(ParallelPlan(dp=2, micro_batch=4))

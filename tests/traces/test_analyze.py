@@ -53,3 +53,54 @@ def test_float_times_are_rounded_inward_as_hta_does(tmp_path: Path) -> None:
 def test_a_kernel_is_categorized_by_its_own_name_not_its_argument_types() -> None:
     name = "void split_embedding_codegen_forward_kernel<c10::Half>(fbgemm_gpu::TensorAccessor<float>)"
     assert kernel_category(name) == "memory copy"
+
+
+def test_host_syncs_on_stream_minus_one_are_not_gpu_time(tmp_path: Path) -> None:
+    # Kineto's Event Sync / Context Sync: a host waiting, on stream -1; HTA leaves them out of the timeline
+    trace = TraceBuilder().kernel(GEMM, 0, 10, launch_at=0).kernel("Event Sync", 30, 40, launch_at=1, stream=-1)
+    total = analyze(read_trace(trace.write(tmp_path / "t.json"))).total.breakdown
+    assert total.span_us == 10 and total.busy_us == 10
+
+
+def test_malformed_names_and_out_of_range_ids_read_without_a_traceback(tmp_path: Path) -> None:
+    trace = TraceBuilder().kernel(GEMM, 0, 10, launch_at=0).kernel(COMPUTE, 10, 5, launch_at=1)
+    trace.events[1]["name"] = None  # a kernel without a name
+    trace.events[4]["args"]["stream"] = 2**64 - 1  # uint64 -1: a host sync
+    trace.events.append({"ph": "X", "cat": "cpu_op", "name": 5, "ts": 0, "dur": 1, "args": {"correlation": 1e30}})
+    total = analyze(read_trace(trace.write(tmp_path / "t.json"))).total.breakdown
+    assert total.span_us == 10 and total.busy_us == 10
+
+
+def test_only_kernels_count_as_launch_bound(tmp_path: Path) -> None:
+    # a stream sync and a copy whose host call blocks by design are no launch-bound kernels
+    trace = TraceBuilder().step(1, 0, 100).kernel(GEMM, 0, 50, launch_at=0)
+    trace.kernel("Stream Sync", 50, 1, launch_at=2, launch_dur=40).kernel("Memcpy DtoH (Device -> Pinned)", 52, 2,
+                                                                           launch_at=45, launch_dur=30)
+    metrics = analyze(read_trace(trace.write(tmp_path / "t.json"))).steps[0].metrics(launch_bound_share=0.5)
+    assert metrics["kernels"] == 1 and metrics["launch_bound_kernels"] == 0 and metrics["launch_bound"] is False
+
+
+def test_step_windows_never_run_backwards(tmp_path: Path) -> None:
+    # step 2's copy starts on another stream before step 1's last kernels: windows stay non-negative
+    trace = TraceBuilder().step(1, 0, 10).step(2, 10, 20).step(3, 20, 30)
+    trace.kernel(GEMM, 100, 50, launch_at=1).kernel("Memcpy HtoD (Pageable -> Device)", 50, 5, launch_at=11,
+                                                   stream=9)
+    trace.kernel(GEMM, 150, 50, launch_at=12).kernel(GEMM, 200, 50, launch_at=21)
+    steps = analyze(read_trace(trace.write(tmp_path / "t.json"))).steps
+    assert [w.step for w in steps] == [1, 2, 3] and all(w.breakdown.span_us >= 0 for w in steps)
+
+
+def test_waiting_matches_collectives_in_launch_order_not_file_order(tmp_path: Path) -> None:
+    from stepscope.traces.ranks import across_ranks
+
+    gather = "ncclDevKernel_AllGather_RING_LL(ncclDevComm*)"
+    ranks = []
+    for rank in (0, 1):
+        trace = TraceBuilder(rank, 2).step(1, 0, 100).step(2, 100, 200)
+        calls = [(NCCL, 0, 10, 1, 7), (gather, 20, 50, 2, 9)]  # the same two collectives, listed in two orders
+        for name, start, dur, launch, stream in (calls if rank == 0 else calls[::-1]):
+            trace.kernel(name, start, dur, launch_at=launch, stream=stream)
+        trace.kernel(GEMM, 100, 10, launch_at=101)
+        ranks.append(analyze(read_trace(trace.write(tmp_path / f"r{rank}.json"))))
+    step = across_ranks(ranks)[0]
+    assert step.wait_ms == {0: 0.0, 1: 0.0}

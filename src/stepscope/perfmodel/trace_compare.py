@@ -5,7 +5,8 @@ The trace's split is HTA's: compute = the union of computation kernels; exposed 
 kernel time not under a computation kernel; idle = GPU time with no kernel at all (the model predicts none, so it
 shows as step time the prediction misses). The model's: compute = forward, backward, recompute and optimizer work;
 exposed communication = the tp, cp, pp and dp collectives it does not hide; bubble = pipeline idle.
-Per rank, the median over its steps. Appends one `compare` record per rank (`source: trace`).
+Per rank, the median over its steps, from the records of one traced job (`one_job`). Appends one `compare` record
+per rank (`source: trace`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,27 @@ def predicted_split(prediction: Prediction) -> dict[str, float]:
             "bubble_ms": 1e3 * causes.get("bubble", 0.0)}
 
 
+def one_job(records: list[dict[str, Any]], gpus: int) -> list[dict[str, Any]]:
+    """The step records of one traced job: a record written again for the same trace step (a rerun) replaces the
+    earlier one; records of different `stepscope trace` runs, or of a job of another size than the plan's, are a
+    UsageError (their medians would mix jobs)."""
+    latest = {str(r.get("key")) if r.get("key") else str(i): r for i, r in enumerate(records)}
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for record in latest.values():  # the files analysed together (`job`; older records: the command that ran)
+        job = record["config"].get("job") or (record.get("env") or {}).get("command")
+        runs.setdefault(str(job), []).append(record)
+    if len(runs) > 1:
+        files = "; ".join(", ".join(sorted({str(r["config"].get("file")) for r in group})) for group in runs.values())
+        raise UsageError(f"the records hold {len(runs)} traced jobs ({files}): give one job's records, e.g. with "
+                         "--where job=ID or a results folder of its own")
+    kept = list(latest.values())
+    sizes = {r["config"].get("world_size") for r in kept} - {None}
+    if sizes and sizes != {gpus}:
+        raise UsageError(f"the traces are of a job of {'/'.join(map(str, sorted(sizes)))} ranks but the plan has "
+                         f"{gpus} GPUs")
+    return kept
+
+
 def measured_by_rank(records: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
     """rank -> median over its steps of step, compute, exposed communication and idle time (ms)."""
     by_rank: dict[int, list[dict[str, Any]]] = {}
@@ -76,13 +98,14 @@ def run_trace_compare(config: TraceCompareConfig, out: str | os.PathLike | None 
     `<out>/compare.jsonl` (None: none). No `trace` step record is a UsageError, before any output."""
     system = system_of(config.system)
     where = parse_where(config.where)
-    steps = [r for path in config.records for r in read_records(path)
+    steps = [r for r in read_records(*config.records)
              if r.get("kind") == "trace" and (r.get("config") or {}).get("record") == "step"
              and r.get("status") == "ok" and matches(r, where)]
     if not steps:
         raise UsageError(f"no trace step records in {', '.join(map(str, config.records))} (write them with "
                          "`stepscope trace ... --out`; a trace without ProfilerStep ranges has none)")
     config.plan.check(config.model, config.workload.batch, config.workload.seq, None)
+    steps = one_job(steps, config.plan.gpus)
     prediction = evaluate(config.model, config.workload, config.plan, system)
     predicted = predicted_split(prediction)
     measured = measured_by_rank(steps)
@@ -97,7 +120,8 @@ def run_trace_compare(config: TraceCompareConfig, out: str | os.PathLike | None 
             row[key.replace("_ms", "_predicted_ms")] = predicted[key]
         row["idle_measured_ms"] = values["idle_ms"]
         row["bubble_predicted_ms"] = predicted["bubble_ms"]
-        row["step_error_pct"] = 100 * (predicted["step_ms"] - values["step_ms"]) / values["step_ms"]
+        row["step_error_pct"] = (100 * (predicted["step_ms"] - values["step_ms"]) / values["step_ms"]
+                                 if values["step_ms"] > 0 else None)  # a step of no GPU time has no error
         rows.append({k: v for k, v in row.items() if v is not None})
         records.append({"source": "trace", "rank": rank, "model": config.model.name, **config.workload.to_dict(),
                         "plan": config.plan.to_dict(),

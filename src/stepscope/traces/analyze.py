@@ -80,6 +80,7 @@ class Window:
     collectives: dict[str, list[float]]
     """collective kind -> [calls, summed µs]."""
     kernels: int
+    """Kernels (computation and communication; not copies, memsets or syncs, whose host call blocks by design)."""
     launch_bound: int
     """Kernels whose CPU launch took longer than the kernel ran."""
     queue_mean: float
@@ -87,6 +88,8 @@ class Window:
     cpu_step_us: float | None = None
     comm_durations: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """Durations of this window's communication kernels in launch order (cross-rank wait)."""
+    comm_kinds: tuple[str, ...] = ()
+    """Their collective kinds, in the same order (the ranks' sequences must agree to be matched)."""
 
     def metrics(self, launch_bound_share: float) -> dict[str, Any]:
         total = sum(self.categories.values())
@@ -131,14 +134,14 @@ def analyze(trace: RankTrace, top: int = 10) -> RankAnalysis:
     launch_ts, launch_dur = _launches(trace)
     anchor = np.where(np.isnan(launch_ts), ts, launch_ts)
     queue = _queue(anchor, end)
-    context = _Context(trace, names, sets, dur, cats, launch_dur, queue, types)
+    context = _Context(trace, names, sets, dur, cats, launch_dur, queue, types, anchor)
 
     counted = _counted(trace, launch_ts)
     if not counted.any():
         counted = np.ones(len(ts), bool)
     total_context = context if counted.all() else _Context(trace, names, _Sets(start[counted], end[counted],
                                                                                 types[counted]), dur, cats,
-                                                            launch_dur, queue, types)
+                                                            launch_dur, queue, types, anchor)
     total = total_context.window(None, counted, float(start[counted].min()), float(end[counted].max()))
     steps = []
     if trace.steps:
@@ -151,8 +154,10 @@ def analyze(trace: RankTrace, top: int = 10) -> RankAnalysis:
             mask = index == k
             if firsts[k] is None:
                 continue
-            later = next((f for f in firsts[k + 1:] if f is not None), None)
-            window_end = later if later is not None else float(end[mask].max())
+            # up to the earliest first kernel of any later step (a later step's copy can start on another stream
+            # while this one's kernels are queued), never before its own first kernel
+            later = [f for f in firsts[k + 1:] if f is not None]
+            window_end = max(min(later), firsts[k]) if later else float(end[mask].max())
             window = context.window(number, mask, firsts[k], window_end)
             window.cpu_step_us = cpu_end - cpu_start
             steps.append(window)
@@ -195,6 +200,8 @@ class _Context:
     launch_dur: np.ndarray
     queue: np.ndarray
     types: np.ndarray
+    anchor: np.ndarray
+    """When each event was launched (its CPU call's start; its own start when no call was found)."""
 
     def window(self, step: int | None, mask: np.ndarray, first: float, last: float) -> Window:
         dur, cats = self.dur[mask], self.cats[mask]
@@ -207,13 +214,19 @@ class _Context:
             entry = collectives.setdefault(kind, [0, 0.0])
             entry[0] += 1
             entry[1] += float(length)
-        launched = ~np.isnan(self.launch_dur[mask])
+        kernel = (self.types[mask] == COMPUTE) | (self.types[mask] == COMM)
+        launched = kernel & ~np.isnan(self.launch_dur[mask])
         bound = int(np.sum(self.launch_dur[mask][launched] > dur[launched]))
         queue = self.queue[mask]
+        # in launch order: a trace file lists events in buffer order, not the order they were issued
+        comm_index = np.flatnonzero(comm)
+        comm_index = comm_index[np.argsort(self.anchor[comm_index], kind="stable")]
         return Window(step=step, breakdown=self.sets.breakdown(first, last), categories=categories,
-                      collectives=collectives, kernels=int(mask.sum()), launch_bound=bound,
+                      collectives=collectives, kernels=int(kernel.sum()), launch_bound=bound,
                       queue_mean=float(queue.mean()) if len(queue) else 0.0,
-                      queue_max=int(queue.max()) if len(queue) else 0, comm_durations=self.dur[comm])
+                      queue_max=int(queue.max()) if len(queue) else 0, comm_durations=self.dur[comm_index],
+                      comm_kinds=tuple(collective_kind(self.names[i]) or "other"
+                                       for i in self.trace.gpu_name[comm_index]))
 
 
 def _counted(trace: RankTrace, launch_ts: np.ndarray) -> np.ndarray:
@@ -247,11 +260,20 @@ def _queue(launch: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 def _top_kernels(names: list[str], category_of: list[str], name_ids: np.ndarray, dur: np.ndarray,
                  top: int) -> list[dict[str, Any]]:
-    totals = np.bincount(name_ids, weights=dur, minlength=len(names))
-    counts = np.bincount(name_ids, minlength=len(names))
+    """The kernels that took the most time, by the name a reader sees: template instantiations of one kernel
+    (`vectorized_elementwise_kernel<4, ...>` for each op) add up under it, so no two rows share a name."""
+    shown = [core_name(n)[:100] for n in names]
+    ids = {name: i for i, name in enumerate(dict.fromkeys(shown))}
+    group = np.array([ids[name] for name in shown], np.int64)[name_ids] if len(name_ids) else name_ids
+    totals = np.bincount(group, weights=dur, minlength=len(ids))
+    counts = np.bincount(group, minlength=len(ids))
+    category = {}
+    for i in np.argsort(np.bincount(name_ids, weights=dur, minlength=len(names)), kind="stable"):
+        category[shown[i]] = category_of[i]  # ascending: the instantiation with the most time writes last
     busy = float(dur.sum()) or 1.0
-    order = np.argsort(-totals)[:top]
-    return [{"kernel": core_name(names[i])[:100], "category": category_of[i], "calls": int(counts[i]),
+    order = np.argsort(-totals, kind="stable")[:top]
+    labels = list(ids)
+    return [{"kernel": labels[i], "category": category[labels[i]], "calls": int(counts[i]),
              "total_ms": float(totals[i]) / 1e3, "mean_us": float(totals[i] / counts[i]),
              "kernel_time_pct": 100 * float(totals[i]) / busy} for i in order if counts[i]]
 

@@ -54,8 +54,12 @@ def hta_type(name: str) -> str:
 
 
 def core_name(name: str) -> str:
-    """A kernel name without its return type, template and argument lists (`void f<T>(fbgemm_gpu::X)` -> `f`)."""
-    name = name.removeprefix("void ")
+    """A kernel name without its return type, template and argument lists (`void f<T>(fbgemm_gpu::X)` -> `f`);
+    `(anonymous namespace)::` is no argument list, and a copy keeps its direction (`Memcpy HtoD (Pageable ->
+    Device)`)."""
+    if _MEMORY.match(name):
+        return name
+    name = name.removeprefix("void ").replace("(anonymous namespace)::", "")
     for mark in ("<", "("):
         cut = name.find(mark)
         if cut > 0:

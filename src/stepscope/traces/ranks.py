@@ -92,7 +92,8 @@ def across_ranks(ranks: list[RankAnalysis]) -> list[StepAcrossRanks]:
             continue
         durations = [w.comm_durations for w in windows.values()]
         wait = None
-        if len({len(d) for d in durations}) == 1 and len(durations[0]):
+        # matched position by position only where every rank issued the same collectives in the same order
+        if len({w.comm_kinds for w in windows.values()}) == 1 and len(durations[0]):
             fastest = np.min(np.stack(durations), axis=0)
             wait = {r: float(np.sum(w.comm_durations - fastest)) / 1e3 for r, w in windows.items()}
         out.append(StepAcrossRanks(step, {r: w.breakdown.span_us / 1e3 for r, w in windows.items()}, wait))

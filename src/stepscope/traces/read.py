@@ -104,13 +104,14 @@ class _Columns:
             cat, args = e.get("cat"), e.get("args")
             if cat == "Trace" or "dur" not in e:
                 continue
-            stream = args.get("stream") if isinstance(args, dict) else None
-            if stream is not None:
-                try:  # HTA's rule: an event is on the GPU when its stream is a number
-                    stream = int(stream)
-                except (TypeError, ValueError):
-                    stream = None
+            stream = _int64(args.get("stream")) if isinstance(args, dict) else None
+            # HTA's rule: an event is on the GPU when its stream is a number other than -1; Kineto puts
+            # Event Sync / Context Sync (a host waiting, not GPU work) on stream -1
+            if stream == -1:
+                continue
             name, ts, dur = e.get("name", ""), e["ts"], e["dur"]
+            if name.__class__ is not str:
+                name = "" if name is None else str(name)
             if stream is not None:
                 if not floats and (ts % 1 or dur % 1):
                     floats = True
@@ -118,7 +119,7 @@ class _Columns:
                 g_dur.append(dur)
                 g_name.append(names.setdefault(name, len(names)))
                 g_stream.append(stream)
-                g_corr.append(int(args.get("correlation", -1)))
+                g_corr.append(_int64(args.get("correlation", -1), -1))
                 if self.cpu_top:
                     self.cpu_top.clear()  # a GPU trace: the CPU ops are not the work
             elif name.startswith("ProfilerStep#"):
@@ -140,11 +141,23 @@ class _Columns:
                 if cat == "cpu_op" and not g_ts:
                     self.cpu_top.setdefault(e.get("tid", 0), []).append((float(ts), float(dur), name))
             elif cat in ("cuda_runtime", "cuda_driver") and isinstance(args, dict) and "correlation" in args:
-                l_corr.append(int(args["correlation"]))
+                l_corr.append(_int64(args["correlation"], -1))
                 l_ts.append(ts)
                 l_dur.append(dur)
         self.events += count
         self.float_times = floats
+
+
+def _int64(value: Any, default: int | None = None) -> int | None:
+    """`value` as a signed 64-bit integer (an unsigned 64-bit one wraps, as the C++ that wrote it meant: 2^64 − 1
+    is −1), or `default` when it is not a number or does not fit."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+    if 2**63 <= number < 2**64:
+        number -= 2**64
+    return number if -2**63 <= number < 2**63 else default
 
 
 def _open(path: Path) -> BinaryIO:

@@ -7,6 +7,7 @@ ranks), `kernel` and `cpu_op` (the top ones of a rank). `compare` reads the `ste
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from stepscope.measure.categories import CATEGORIES
@@ -61,8 +62,11 @@ def build_records(ranks: list[RankAnalysis], steps: list[StepAcrossRanks],
                   launch_bound_share: float) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(config, metrics) of every record, in the order they are written."""
     out: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    files = sorted(str(r.path) for r in ranks)
+    # the traces analysed together are one job: `compare --trace` keeps one job's records apart from another's
+    job = hashlib.sha1("\n".join(files).encode()).hexdigest()[:12]
     for rank in ranks:
-        base = {"file": str(rank.path), "rank": rank.rank, "world_size": rank.world_size or len(ranks),
+        base = {"file": str(rank.path), "job": job, "rank": rank.rank, "world_size": rank.world_size or len(ranks),
                 "device": rank.device}
         out.append(({"record": "rank", **base, "step": "all", "events": rank.events},
                     rank.total.metrics(launch_bound_share)))
@@ -82,7 +86,6 @@ def build_records(ranks: list[RankAnalysis], steps: list[StepAcrossRanks],
         for row in rank.top_cpu_ops:
             out.append(({"record": "cpu_op", **base, "cpu_op": row["cpu_op"]},
                         {k: v for k, v in row.items() if k != "cpu_op"}))
-    files = sorted(str(r.path) for r in ranks)
     for step in steps:
         row = step.row()
         out.append(({"record": "straggler", "files": files, "world_size": ranks[0].world_size or len(ranks),
