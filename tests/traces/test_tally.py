@@ -59,3 +59,12 @@ def test_a_real_nccl_trace_yields_the_three_tables(cli, tmp_path):
     assert sum(v[0] for v in m["memory"].values()) == 960 + 114  # gpu_memcpy and gpu_memset events
     assert m["host"]["cudaLaunchKernel"][0] > 0 and all(row[0] == "all_reduce" or row[0] == "broadcast"
                                                         for row in m["collectives"])
+
+
+def test_a_file_with_no_profiler_events_is_refused(cli, tmp_path):
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"traceEvents": []}')
+    code, _, err = cli("trace", str(empty), "--tally", "--out", tmp_path / "out")
+    assert code == 2 and "no profiler events to tally" in err and not read_records(tmp_path / "out")
+    code, _, err = cli("trace", str(empty), "--launch-bound-share", "1.5", "--out", tmp_path / "out")
+    assert code == 2 and "--launch-bound-share must be at least 0 and below 1" in err

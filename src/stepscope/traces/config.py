@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stepscope.errors import UsageError
+
 
 @dataclass(frozen=True)
 class TraceConfig:
@@ -21,3 +23,7 @@ class TraceConfig:
     launch_bound_share: float = 0.5
     """A step is launch-bound when more than this share of its kernels took longer to launch on the CPU than to
     run on the GPU (the GPU then waits for the CPU)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.launch_bound_share < 1.0:  # 1 or more: no step could ever be launch-bound
+            raise UsageError(f"--launch-bound-share must be at least 0 and below 1, got {self.launch_bound_share:g}")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stepscope.errors import UsageError
 from stepscope.traces.config import TraceConfig
 from stepscope.traces.kinds import _SNAKE, core_name, kernel_category
 from stepscope.traces.read import read_events
@@ -149,6 +150,8 @@ def run_trace_tally(config: TraceConfig, out: str | os.PathLike | None = None) -
     for path in files:
         tally = FileTally(path)
         tally.finish(read_events(path, tally, config.stream_above_MiB))
+        if not (tally.threads or tally.device or tally.host):
+            raise UsageError(f"{path}: no profiler events to tally (is it a PyTorch profiler trace?)")
         tallies.append(tally)
     outcome = TallyOutcome(tallies)
     if store is not None:
