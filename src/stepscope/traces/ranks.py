@@ -42,6 +42,8 @@ def assign_ranks(ranks: list[RankAnalysis]) -> list[RankAnalysis]:
             raise UsageError(f"{seen[rank.rank].path.name} and {rank.path.name} are both rank {rank.rank}: traces "
                              "of different jobs, or one rank twice (give one file per rank of one job)")
         seen[rank.rank] = rank
+        if rank.world_size is not None and not 0 <= rank.rank < rank.world_size:
+            raise UsageError(f"{rank.path.name} is rank {rank.rank} of a job of {rank.world_size} ranks")
     stepped = [r for r in ranks if r.steps]
     if len(stepped) > 1:
         common = set.intersection(*({w.step for w in r.steps} for r in stepped))
