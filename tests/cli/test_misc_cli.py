@@ -20,8 +20,16 @@ def test_precision_accumulate_shows_why_accumulators_stay_fp32(cli, tmp_path):
 
 def test_precision_accumulate_rejects_an_empty_sum(cli, tmp_path):
     code, _, err = cli("precision", "accumulate", "--steps", "0", "--out", tmp_path)
-    assert code == 2 and "steps > 0" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "0 < steps <=" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "precision.jsonl").exists()
+    code, _, err = cli("precision", "accumulate", "--increment", "1e308", "--steps", "10", "--out", tmp_path)
+    assert code == 2 and "overflows" in err and not (tmp_path / "precision.jsonl").exists()
+
+
+def test_a_negative_increment_has_positive_relative_errors(cli, tmp_path):
+    code, _, err = cli("precision", "accumulate", "--increment", "-0.01", "--out", tmp_path)
+    assert code == 0, err
+    assert all(r["metrics"]["rel_error"] >= 0 for r in read_records(tmp_path))
 
 
 def test_csv_batches_stay_aligned_under_their_header():
@@ -111,3 +119,9 @@ def test_a_ctrl_c_wrapped_by_an_import_is_still_an_interruption(monkeypatch, cap
     monkeypatch.setattr(models, "run", crash)
     with pytest.raises(RuntimeError, match="a real bug"):
         main(["models"])
+
+
+def test_a_value_given_twice_in_a_list_is_one_value():
+    from stepscope.cli.options import parse_list, positive_int
+
+    assert parse_list("2,4,2", positive_int, "--batch") == [2, 4]

@@ -80,6 +80,7 @@ def test_show_renders_stored_records(cli, tmp_path):
     (["--seq", "4096"], "exceeds the model's context_length"),
     (["--seq", "128,,256"], "malformed list"),
     (["--batch", "x"], "invalid value 'x' in --batch"),
+    (["--batch", "100000000000000000000"], "invalid value '100000000000000000000' in --batch"),  # > int64
     (["--precision", "fp8"], "invalid choice 'fp8'"),
     (["--device", "cuda"], "no CUDA GPU"),
     (["--attention", "magic"], "unknown attention backend"),

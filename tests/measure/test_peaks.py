@@ -20,6 +20,10 @@ def test_device_names_match_the_specific_row_before_the_general_one():
     assert published_peak("NVIDIA H100 PCIe", "bf16", tf32=False) == pytest.approx(756e12)
     assert published_peak("NVIDIA H100 80GB HBM3", "bf16", tf32=False) == pytest.approx(989e12)
     assert published_peak("NVIDIA A10G", "fp16", tf32=False) == pytest.approx(70e12)
+    # whole words: an L40 is no L4, an H100 NVL no H100 SXM
+    assert published_peak("NVIDIA L40", "bf16", tf32=False) == pytest.approx(181e12)
+    assert published_peak("NVIDIA L4", "bf16", tf32=False) == pytest.approx(121e12)
+    assert published_peak("NVIDIA H100 NVL", "bf16", tf32=False) == pytest.approx(835e12)
 
 
 def test_fp32_uses_the_tf32_peak_only_when_tf32_is_allowed():

@@ -91,11 +91,13 @@ def cpu_threads(threads: int | None) -> Iterator[int]:
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """True for CUDA OOM, Python MemoryError and the CPU allocator's failure."""
+    """True for CUDA OOM, Python MemoryError, the CPU allocator's failure and a tensor too large to have a size
+    (`Storage size calculation overflowed`: no memory could hold it)."""
     if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
         return True
     text = str(error)
-    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text
+                                                or "Storage size calculation overflowed" in text)
 
 
 def release_memory(device: torch.device) -> None:

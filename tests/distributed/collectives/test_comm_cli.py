@@ -138,6 +138,7 @@ def test_a_failing_rank_ends_the_command_with_its_message(cli, tmp_path, monkeyp
     (["--op", "allreduce"], "invalid choice 'allreduce'"),
     (["--sizes", "1K:1M:x1"], "factor in size range"),
     (["--sizes", "12Q"], "invalid size '12Q'"),
+    (["--sizes", "100000000T"], "more than any buffer can hold"),
     (["--world", "0"], "invalid value '0' in --world"),
     (["--op", "broadcast", "--root", "2"], "--root 2 is not a rank"),
     (["--iters", "5,6"], "--iters takes one value"),

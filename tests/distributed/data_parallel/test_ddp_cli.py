@@ -46,6 +46,7 @@ def test_benchmark_runs_records_every_variant_and_writes_the_plot(cli, tmp_path)
     (["--variants", "naive,fast"], "invalid choice 'fast'"),
     (["--bucket-mb", "0"], "invalid value '0' in --bucket-mb"),
     (["--bucket-mb", "10,,1"], "malformed list"),
+    (["--bucket-mb", "inf"], "bucket sizes must be positive MiB up to"),
     (["--world", "0"], "invalid value '0' in --world"),
     (["--world", "2,4"], "--world takes one value"),
     (["--precision", "fp8"], "invalid choice 'fp8'"),

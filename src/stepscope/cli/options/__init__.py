@@ -29,7 +29,8 @@ YES_NO = {"yes": True, "no": False, "true": True, "false": False, "on": True, "o
 
 # ---- values -------------------------------------------------------------------------------------------------
 def parse_list(text: str | Sequence[str], convert: Callable[[str], T], option: str) -> list[T]:
-    """`"128,256"` -> [128, 256]; empty items or unconvertible values are usage errors."""
+    """`"128,256"` -> [128, 256]; empty items or unconvertible values are usage errors. A value given twice is one
+    value (a sweep would measure the point twice under one record key)."""
     if not isinstance(text, str):
         return [convert(item) if isinstance(item, str) else item for item in text]
     items = [item.strip() for item in str(text).split(",")]
@@ -43,7 +44,7 @@ def parse_list(text: str | Sequence[str], convert: Callable[[str], T], option: s
             raise
         except (ValueError, TypeError):
             raise UsageError(f"invalid value {item!r} in {option} {text!r}") from None
-    return out
+    return list(dict.fromkeys(out))
 
 
 def one_value(text: Any, convert: Callable[[str], T], option: str) -> T:
@@ -59,16 +60,20 @@ def optional_value(text: Any, convert: Callable[[str], T], option: str) -> T | N
     return None if text is None else one_value(text, convert, option)
 
 
+MAX_INT = 2**62
+"""Counts (batch, sizes, steps) fit a signed 64-bit integer with room for products: torch and NCCL take int64."""
+
+
 def positive_int(text: str) -> int:
     value = int(text.replace("_", ""))
-    if value <= 0:
+    if not 0 < value <= MAX_INT:
         raise ValueError(text)
     return value
 
 
 def non_negative_int(text: str) -> int:
     value = int(text.replace("_", ""))
-    if value < 0:
+    if not 0 <= value <= MAX_INT:
         raise ValueError(text)
     return value
 

@@ -12,6 +12,8 @@ import re
 from stepscope.errors import UsageError
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+MAX_BYTES = 1 << 50
+"""Larger sizes than 1 PiB are typos, and their element counts would overflow the int64 that collectives take."""
 MAX_POINTS = 256
 """More sizes than this in one sweep is almost surely a typo (`1:1G:+1`)."""
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -22,7 +24,10 @@ def parse_size(text: str) -> int:
     match = _SIZE.match(text)
     if not match:
         raise UsageError(f"invalid size {text!r} (examples: 4096, 64K, 1MB, 1.5G)")
-    return int(float(match.group(1)) * UNITS[match.group(2).upper()])
+    size = int(float(match.group(1)) * UNITS[match.group(2).upper()])
+    if size > MAX_BYTES:
+        raise UsageError(f"size {text!r} is more than {MAX_BYTES // UNITS['T']:,} TiB, more than any buffer can hold")
+    return size
 
 
 def parse_sizes(text: str) -> list[int]:

@@ -13,6 +13,9 @@ from stepscope.spec import PRECISIONS, ModelSpec
 ALL_VARIANTS = ("naive", "flat", "individual", "bucketed", "torch")
 CAPPED = ("bucketed", "torch")
 BASELINES = ("naive", "flat", "individual")
+MAX_BUCKET_MIB = 1 << 20
+"""A cap above 1 TiB is a typo (a bucket never holds more than the model; `none` is one bucket), and its bytes
+must fit the int64 that PyTorch DDP takes."""
 MiB = 2**20
 
 
@@ -75,8 +78,9 @@ class DDPBenchConfig:
         if unknown or not self.variants:
             raise UsageError(f"unknown variant {unknown[0] if unknown else ''!r}; choose from "
                              f"{','.join(ALL_VARIANTS)}")
-        if any(cap is not None and not cap > 0 for cap in self.bucket_mb) or not self.bucket_mb:
-            raise UsageError(f"bucket sizes must be positive MiB (or none), got {list(self.bucket_mb)}")
+        if any(cap is not None and not 0 < cap <= MAX_BUCKET_MIB for cap in self.bucket_mb) or not self.bucket_mb:
+            raise UsageError(f"bucket sizes must be positive MiB up to {MAX_BUCKET_MIB:,} (or none: one bucket), "
+                             f"got {list(self.bucket_mb)}")
         if self.bucket_rule not in ("strict", "torch"):
             raise UsageError(f"bucket rule must be strict or torch, got {self.bucket_rule!r}")
         if self.warmup < 0 or self.iters < 1 or self.comm_iters < 1:

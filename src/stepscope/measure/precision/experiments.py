@@ -25,12 +25,18 @@ from stepscope.measure.training import TrainingStep, transformer_step
 from stepscope.results.store import RecordStore, make_record
 from stepscope.spec import ModelSpec, Workload
 
+MAX_ACCUMULATE_STEPS = 10_000_000
+"""Each step is a Python-level add (about a microsecond): beyond this the experiment runs for minutes."""
+
 
 def accumulate(steps: int, increment: float) -> list[dict[str, Any]]:
     """Sum `increment` `steps` times with different accumulator / increment dtypes."""
-    if steps <= 0 or not math.isfinite(increment) or increment == 0:
-        raise UsageError(f"need steps > 0 and a finite, non-zero increment, got steps={steps} increment={increment}")
+    if not 0 < steps <= MAX_ACCUMULATE_STEPS or not math.isfinite(increment) or increment == 0:
+        raise UsageError(f"need 0 < steps <= {MAX_ACCUMULATE_STEPS:,} and a finite, non-zero increment, got "
+                         f"steps={steps} increment={increment}")
     exact = steps * increment
+    if not math.isfinite(exact):
+        raise UsageError(f"steps x increment = {exact} overflows: give a smaller increment or fewer steps")
     cases = [
         ("fp32 += fp32", torch.float32, torch.float32, False),
         ("fp16 += fp16", torch.float16, torch.float16, False),
@@ -48,7 +54,7 @@ def accumulate(steps: int, increment: float) -> list[dict[str, Any]]:
             total += step
         value = float(total)
         rows.append({"case": name, "value": value, "abs_error": abs(value - exact),
-                     "rel_error": abs(value - exact) / exact})
+                     "rel_error": abs(value - exact) / abs(exact)})
     return rows
 
 
