@@ -106,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
     printer = Printer(args.format)
     plot = None if args.no_plot else (args.plot or Path(args.out) / "ddp.png")
     outcome = run_ddp_sweep(configs, args.out, resume=args.resume, plot=plot,
-                            on_result=lambda config, result: _show(printer, args.format, config, result))
+                            on_result=lambda config, result: _show(printer, args.format, config, result),
+                            on_oom=lambda oom: printer.note(f"oom: global batch {oom.config.batch} seq "
+                                                            f"{oom.config.seq}: {oom.note}"))
     if not outcome.reporting:
         return 0
     if outcome.skipped:

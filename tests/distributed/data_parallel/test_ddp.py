@@ -345,6 +345,18 @@ def check_sharded_adamw(ctx, failures):
     sharded.zero_grad(set_to_none=True)
     if any(p.grad is not None for p in sharded_model.parameters()):
         failures.append("sharded AdamW: zero_grad missed parameters owned by other ranks")
+    # broadcast off (a benchmark's compute-only rounds): only this rank's shard moves, and nothing is sent, so a
+    # rank may even skip the step (fp16 loss scaling) without leaving the others inside a broadcast
+    before = [p.detach().clone() for p in sharded_model.parameters()]
+    sharded.broadcast = False
+    for p in sharded_model.parameters():
+        p.grad = torch.ones_like(p)
+    if ctx.rank == 0:
+        sharded.step()
+    moved = [not torch.equal(a, b) for a, b in zip(before, sharded_model.parameters(), strict=True)]
+    mine = [sharded.owner_of(p) == ctx.rank for p in sharded_model.parameters()]
+    if moved != [ctx.rank == 0 and m for m in mine]:
+        failures.append("sharded AdamW with broadcast off: parameters other than this rank's shard moved")
 
 
 def check_gradient_accumulation(ctx, failures):

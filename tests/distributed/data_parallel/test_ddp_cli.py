@@ -41,6 +41,17 @@ def test_benchmark_runs_records_every_variant_and_writes_the_plot(cli, tmp_path)
     assert len(read_records(tmp_path / "ddp.jsonl")) == len(records)
 
 
+def test_a_point_that_does_not_fit_is_an_oom_row_per_variant(cli, tmp_path):
+    # 2e10 sequences: the ranks cannot hold the data, agree on it before any collective, and the sweep records it
+    code, out, err = cli("ddp", "--model", "tiny", "--batch", "20000000000", "--seq", "16", "--variants", "flat",
+                         "--bucket-mb", "none", "--iters", "1", "--warmup", "0", "--comm-iters", "1", "--no-plot",
+                         "--out", tmp_path)
+    assert code == 0, err
+    records = read_records(tmp_path / "ddp.jsonl")
+    assert [(r["config"]["variant"], r["status"]) for r in records] == [("compute", "oom"), ("flat", "oom")]
+    assert "oom: global batch 20000000000" in out and "allocate" in records[0]["note"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--batch", "3"], "not divisible by world size 2"),
     (["--variants", "naive,fast"], "invalid choice 'fast'"),

@@ -31,7 +31,7 @@ from stepscope.distributed.data_parallel.memory import MiB, memory_split
 from stepscope.distributed.data_parallel.sharded_optimizer import ShardedOptimizer
 from stepscope.distributed.data_parallel.torch_ddp import torch_ddp
 from stepscope.distributed.launch.rank import RankContext
-from stepscope.measure.device import synchronize
+from stepscope.measure.device import is_out_of_memory, synchronize
 from stepscope.measure.timer import interleaved_rounds
 from stepscope.measure.training import TrainingStep, transformer_step
 from stepscope.spec import Workload
@@ -169,8 +169,12 @@ Samples = dict[str, list[tuple[float, float]]]
 def interleaved_steps(step: TrainingStep, wrappers: dict[str, nn.Module], warmup: int, iters: int) -> Samples:
     """Whole train steps of the bare model (`compute`) and of every variant, through the interleaved harness."""
 
+    sharded = step.optimizer if isinstance(step.optimizer, ShardedOptimizer) else None
+
     def one_step(label: str, _: int) -> tuple[float, float]:
         step.use(None if label == COMPUTE else wrappers[label])
+        if sharded is not None:  # a compute-only round sends nothing: the shard's update without its broadcast
+            sharded.broadcast = label != COMPUTE
         return timed(step.device, step.run)  # forward, backward + synchronization, AdamW and zero_grad
 
     return interleaved_rounds([COMPUTE, *wrappers], one_step, warmup=warmup, iters=iters)
@@ -218,6 +222,13 @@ def _all_reduces(tensor: torch.Tensor, calls: int) -> None:
         dist.all_reduce(tensor)
 
 
+def _everyone(ok: bool, device: torch.device) -> bool:
+    """True when `ok` holds on every rank (one all-reduce of a flag)."""
+    flag = torch.tensor([0 if ok else 1], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item()) == 0
+
+
 def bench_rank(ctx: RankContext, config: Any) -> dict[str, Any]:
     """Run on every rank by the launcher; `config` is a `DDPBenchConfig`."""
     device = torch.device(ctx.device)
@@ -225,7 +236,20 @@ def bench_rank(ctx: RankContext, config: Any) -> dict[str, Any]:
         raise ValueError(f"global batch {config.batch} is not divisible by {ctx.world_size} ranks")
     workload = Workload(batch=config.batch // ctx.world_size, seq=config.seq, precision=config.precision,
                         mode="train")
-    step = transformer_step(config.model, workload, device=device, seed=config.seed + ctx.rank, lr=config.lr)
+    # the point's memory first: the model, its data and one local forward and backward (no collective, so a rank
+    # that runs out of memory cannot leave the others inside one); all ranks then agree whether to go on
+    failure = None
+    try:
+        step = transformer_step(config.model, workload, device=device, seed=config.seed + ctx.rank, lr=config.lr)
+        plain_step_gradients(step)
+        step.model.zero_grad(set_to_none=True)
+    except Exception as error:  # noqa: BLE001 - anything but running out of memory is re-raised
+        if not is_out_of_memory(error):
+            raise
+        failure = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    if not _everyone(failure is None, device):
+        return {"rank": ctx.rank, "world_size": ctx.world_size, "device": device.type,
+                "oom": failure or "out of memory on another rank"}
     wrappers = {label_of(variant, cap): build_variant(variant, cap, step.model, config.bucket_rule)
                 for variant, cap in config.points()}
     trainable = [p for p in step.model.parameters() if p.requires_grad]

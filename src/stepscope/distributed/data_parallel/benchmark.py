@@ -26,12 +26,28 @@ from stepscope.distributed.data_parallel.bench_config import DDPBenchConfig
 from stepscope.distributed.data_parallel.bench_result import DDPBenchResult, VariantResult
 from stepscope.measure.stats import Stats
 from stepscope.results.files import check_plot_file
-from stepscope.results.store import RecordStore, point_key
+from stepscope.results.store import RecordStore, make_record, point_key
 
 
 # ---- running -------------------------------------------------------------------------------------------
-def run_ddp_benchmark(config: DDPBenchConfig) -> DDPBenchResult | None:
-    """Launch the ranks and combine them; None on non-zero ranks under torchrun."""
+@dataclass(frozen=True)
+class DDPOutOfMemory:
+    """A point whose model, data or first step did not fit on some rank."""
+
+    config: DDPBenchConfig
+    note: str
+    device: str
+    world_size: int
+
+    def records(self, env: dict) -> list[dict]:
+        """One `oom` record per variant of the point (and its compute-only baseline): the keys a resume skips."""
+        return [make_record("ddp", self.config.record_config(variant, cap), {}, status="oom", note=self.note, env=env)
+                for variant, cap in [("compute", None), *self.config.points()]]
+
+
+def run_ddp_benchmark(config: DDPBenchConfig) -> DDPBenchResult | DDPOutOfMemory | None:
+    """Launch the ranks and combine them; None on non-zero ranks under torchrun; `DDPOutOfMemory` when the
+    point did not fit (the ranks agreed on it before any timing)."""
     from stepscope.distributed.collectives.alpha_beta import fit_alpha_beta
     from stepscope.distributed.data_parallel.bench_rank import COMPUTE, bench_rank, label_of
     from stepscope.distributed.launch.launcher import LaunchConfig, launch
@@ -43,6 +59,9 @@ def run_ddp_benchmark(config: DDPBenchConfig) -> DDPBenchResult | None:
     if per_rank is None or per_rank[0] is None:
         return None
     first = per_rank[0]
+    if "oom" in first:
+        note = next((rank["oom"] for rank in per_rank if not rank["oom"].endswith("on another rank")), first["oom"])
+        return DDPOutOfMemory(config, note, first["device"], first["world_size"])
 
     def slowest(key: str, label: str) -> list[float]:
         """Per round, the wall time of the slowest rank."""
@@ -107,6 +126,8 @@ class DDPSweepOutcome:
     results: list[DDPBenchResult] = field(default_factory=list)
     skipped: int = 0
     """Points a resume found recorded already."""
+    oom: int = 0
+    """Points that did not fit (recorded as `oom` rows)."""
     plot: Path | None = None
     reporting: bool = True
 
@@ -118,8 +139,8 @@ class DDPSweepOutcome:
 
 def run_ddp_sweep(configs: list[DDPBenchConfig], out: str | os.PathLike | None = None, *, resume: bool = False,
                   plot: str | os.PathLike | None = None,
-                  on_result: Callable[[DDPBenchConfig, DDPBenchResult], None] = lambda config, result: None
-                  ) -> DDPSweepOutcome:
+                  on_result: Callable[[DDPBenchConfig, DDPBenchResult], None] = lambda config, result: None,
+                  on_oom: Callable[[DDPOutOfMemory], None] = lambda oom: None) -> DDPSweepOutcome:
     """Benchmark every point, appending its `ddp` records to `<out>/ddp.jsonl` (None: not stored) as it
     finishes and redrawing the bucket-sweep plot (`plot`) after each. Every point, the backend and precision
     on this machine and every file are checked before any rank starts."""
@@ -143,6 +164,13 @@ def run_ddp_sweep(configs: list[DDPBenchConfig], out: str | os.PathLike | None =
             continue
         result = run_ddp_benchmark(config)
         if result is None or not outcome.reporting:
+            continue
+        if isinstance(result, DDPOutOfMemory):  # a row per variant, and the sweep goes on
+            if store is not None:
+                for record in result.records(torch_environment(result.device, result.world_size)):
+                    store.append(record)
+            outcome.oom += 1
+            on_oom(result)
             continue
         if store is not None:
             for record in result.records(torch_environment(result.device, result.world_size)):

@@ -43,6 +43,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._owner: dict[int, int] = {}  # id(parameter) -> owning rank within the group
         self._owned_numel = [0] * self.world_size
         self._broadcast_plan: list[tuple[int, list[torch.Tensor]]] | None = None
+        self.broadcast = True
+        """False: `step` updates this rank's shard and sends nothing (a benchmark's compute-only rounds, whose
+        local gradients differ per rank: under fp16 loss scaling one rank may skip a step the others take)."""
         super().__init__(params, defaults=dict(kwargs))
         self.state = self.local_optimizer.state  # type: ignore[union-attr]
 
@@ -86,7 +89,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for group, local in zip(self.param_groups, self.local_optimizer.param_groups, strict=True):
             local.update({key: value for key, value in group.items() if key != "params"})
         self.local_optimizer.step()
-        self._synchronize_parameters()
+        if self.broadcast:
+            self._synchronize_parameters()
         return loss
 
     def _synchronize_parameters(self) -> None:
