@@ -121,7 +121,10 @@ def test_a_ctrl_c_wrapped_by_an_import_is_still_an_interruption(monkeypatch, cap
         main(["models"])
 
 
-def test_a_value_given_twice_in_a_list_is_one_value():
-    from stepscope.cli.options import parse_list, positive_int
+def test_a_value_given_twice_in_a_sweep_is_one_point_but_an_a_a_run_keeps_both(cli, tmp_path):
+    from stepscope.cli.options import parse_list, positive_int, unique
 
-    assert parse_list("2,4,2", positive_int, "--batch") == [2, 4]
+    assert unique(parse_list("2,4,2", positive_int, "--batch")) == [2, 4]
+    code, out, err = cli("step", "--model", "tiny", "--seq", "16,16", "--warmup", "0", "--iters", "1", "--out",
+                         tmp_path)
+    assert code == 0 and len(read_records(tmp_path / "step.jsonl")) == 1, err

@@ -24,6 +24,8 @@ def test_device_names_match_the_specific_row_before_the_general_one():
     assert published_peak("NVIDIA L40", "bf16", tf32=False) == pytest.approx(181e12)
     assert published_peak("NVIDIA L4", "bf16", tf32=False) == pytest.approx(121e12)
     assert published_peak("NVIDIA H100 NVL", "bf16", tf32=False) == pytest.approx(835e12)
+    assert published_peak("NVIDIA GH200 480GB", "bf16", tf32=False) == pytest.approx(989e12)
+    assert published_peak("NVIDIA GB200", "bf16", tf32=False) == pytest.approx(2500e12)
 
 
 def test_fp32_uses_the_tf32_peak_only_when_tf32_is_allowed():

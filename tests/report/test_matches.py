@@ -90,3 +90,14 @@ def test_comm_points_pair_with_the_fit_of_their_own_sweep():
     for row in rows:  # each point against its own sweep's fit: the fit passes near its own points
         assert abs(row["error_pct"]) < 60, row
         assert row["time_fit_us"] == pytest.approx(labelled[row["group"]].predict_us(row["size_bytes"]))
+
+
+def test_the_report_benchmark_study_pairs_every_step_and_comm_point():
+    from stepscope.report.benchmark import synthetic_study
+
+    records = synthetic_study(100)
+    steps = [r for r in records if r["kind"] == "step"]
+    pairs = step_vs_predict(steps, [r for r in records if r["kind"] == "predict"])
+    assert len(pairs) == len(steps) > 0
+    points = [r for r in records if r["kind"] == "comm" and r["config"]["record"] == "point"]
+    assert len(comm_vs_fit([r for r in records if r["kind"] == "comm"])[0]) == len(points) > 0

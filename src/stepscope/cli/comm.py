@@ -24,6 +24,7 @@ from stepscope.cli.options import (
     parse_list,
     positive_float,
     positive_int,
+    unique,
 )
 from stepscope.cli.options.distributed import add_launch_options
 from stepscope.distributed.collectives.config import CommConfig
@@ -88,12 +89,12 @@ def build_config(args: argparse.Namespace) -> CommConfig:
 
     ops = list(OPS) if args.op == ALL else parse_list(args.op or default_text("ops"), choice(*OPS), "--op")
     return CommConfig(
-        backends=tuple(parse_list(args.backend, str, "--backend")),
-        worlds=tuple(parse_list(args.world or default_text("worlds"), positive_int, "--world")),
+        backends=tuple(unique(parse_list(args.backend, str, "--backend"))),
+        worlds=tuple(unique(parse_list(args.world or default_text("worlds"), positive_int, "--world"))),
         oversubscribe=args.oversubscribe, ops=tuple(dict.fromkeys(ops)), sizes=tuple(parse_sizes(args.sizes)),
-        dtypes=tuple(parse_list(args.dtype, choice(*DTYPES), "--dtype")),
-        modes=tuple(parse_list(args.mode, choice(*CALL_MODES), "--mode")),
-        places=tuple(parse_list(args.place, choice(*PLACES), "--place")),
+        dtypes=tuple(unique(parse_list(args.dtype, choice(*DTYPES), "--dtype"))),
+        modes=tuple(unique(parse_list(args.mode, choice(*CALL_MODES), "--mode"))),
+        places=tuple(unique(parse_list(args.place, choice(*PLACES), "--place"))),
         iters=one_value(args.iters, positive_int, "--iters"),
         warmup=one_value(args.warmup, non_negative_int, "--warmup"),
         root=one_value(args.root, non_negative_int, "--root"),

@@ -21,6 +21,7 @@ from stepscope.cli.options import (
     parse_list,
     positive_float,
     positive_int,
+    unique,
 )
 from stepscope.cli.options.distributed import add_launch_options
 from stepscope.cli.options.model import add_model_options, model_specs
@@ -91,9 +92,9 @@ def build_configs(args: argparse.Namespace) -> list[DDPBenchConfig]:
         backend=one_value(args.backend, choice("auto", "gloo", "nccl"), "--backend"),
         seed=one_value(args.seed, non_negative_int, "--seed"),
         timeout_s=one_value(args.timeout, positive_float, "--timeout"), oversubscribe=args.oversubscribe)
-    batches = parse_list(args.batch, positive_int, "--batch")
-    seqs = parse_list(args.seq, positive_int, "--seq")
-    threads = [None] if args.threads is None else parse_list(args.threads, positive_int, "--threads")
+    batches = unique(parse_list(args.batch, positive_int, "--batch"))
+    seqs = unique(parse_list(args.seq, positive_int, "--seq"))
+    threads = [None] if args.threads is None else unique(parse_list(args.threads, positive_int, "--threads"))
     return [DDPBenchConfig(model=spec, batch=batch, seq=seq, threads=thread, **common)
             for spec, batch, seq, thread in itertools.product(model_specs(args), batches, seqs, threads)]
 

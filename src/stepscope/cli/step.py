@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     outcome = run_step_sweep(configs, args.out, resume=args.resume, on_record=show)
     if len(outcome.records) > 1 and args.format in ("table", "md"):
-        rows = [record_row(r) for r in outcome.records]
+        rows = [{**record_row(r), "threads": effective_threads(r)} for r in outcome.records]
         printer.emit(rows, title="sweep summary", columns=[c for c in SUMMARY_COLUMNS if any(c in r for r in rows)])
     if outcome.skipped:
         printer.note(f"skipped {outcome.skipped} point(s) already in {args.out}/step.jsonl (--resume)")

@@ -66,7 +66,7 @@ def one_job(records: list[dict[str, Any]], gpus: int) -> list[dict[str, Any]]:
         raise UsageError(f"the records hold {len(runs)} traced jobs ({files}): give one job's records, e.g. with "
                          "--where job=ID or a results folder of its own")
     kept = list(latest.values())
-    sizes = {r["config"].get("world_size") for r in kept} - {None}
+    sizes = {r["config"].get("stated_world_size") for r in kept} - {None}  # a size the traces state themselves
     if sizes and sizes != {gpus}:
         raise UsageError(f"the traces are of a job of {'/'.join(map(str, sorted(sizes)))} ranks but the plan has "
                          f"{gpus} GPUs")

@@ -45,7 +45,8 @@ def _step_and_prediction(i: int) -> Iterator[dict[str, Any]]:
              ("backward", 0.6), ("step", 1.0)) for k, stat in enumerate(("median", "mean", "std", "min", "max"))}
     yield _record("step", {"model": "tiny", **workload, "attention": "sdpa", "warmup": 2, "iters": 5},
                   {**stats, "step_tokens_per_s": batch * seq / ms * 1e3, "step_GFLOPps": 10.0 + i % 7})
-    yield _record("predict", {"model": "tiny", **workload, "system": "CPU", "gpus": 1},
+    plan = {"micro_batch": batch, "recompute": "none", "flash_attention": True}  # how the step ran
+    yield _record("predict", {"model": "tiny", **workload, "system": "CPU", "gpus": 1, "plan": plan},
                   {"step_s": ms * 1.1e-3, "forward_ms": ms * 0.33, "backward_ms": ms * 0.62, "mfu_pct": 30.0})
 
 

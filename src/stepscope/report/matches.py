@@ -4,9 +4,10 @@
   precision and mode on one device, whose plan runs as the step did (one GPU, the whole batch in one
   micro-batch, no recomputation, fused attention unless the step's was naive): each phase's median time
   against the predicted time, with the error;
-- a measured `comm` point and the α–β fit made from its own sweep (same group: backend, op, world size, dtype,
-  mode, in place, skew, reduction, source; same command, host and commit; the next such fit in the records):
-  the time against the fitted t(S) = α + factor·S/β;
+- a measured `comm` point and the α–β fit made from its sweep (same group: backend, op, world size, dtype,
+  mode, in place, skew, reduction, source, on the same host; the next such fit in the records, which `comm
+  --fit` writes after the points it fitted, also after `--resume`): the time against the fitted
+  t(S) = α + factor·S/β;
 - a trace against its prediction: `compare --trace` records, which hold both sides already (a trace stores no
   model, so nothing else can pair it).
 
@@ -89,11 +90,10 @@ def step_vs_predict(steps: Sequence[dict[str, Any]], predictions: Sequence[dict[
 
 
 def _fit_key(record: dict[str, Any]) -> tuple:
-    """The group a fit covers (`alpha_beta.fit_records`'s, skews and seeds apart) within one sweep: the same
-    command on the same host at the same commit."""
+    """The group a fit covers (`alpha_beta.fit_records`'s, skews and seeds apart) on one host. Not the command:
+    `comm --resume --fit` fits the points of the interrupted run with its own."""
     config, env = record.get("config") or {}, record.get("env") or {}
-    return (tuple(str(config.get(f)) for f in FIT_GROUP_FIELDS + OPTIONAL_GROUP_FIELDS)
-            + (str(env.get("hostname")), str(env.get("command")), str(env.get("git_sha"))))
+    return tuple(str(config.get(f)) for f in FIT_GROUP_FIELDS + OPTIONAL_GROUP_FIELDS) + (str(env.get("hostname")),)
 
 
 def comm_vs_fit(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, AlphaBetaFit]]:

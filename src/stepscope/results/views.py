@@ -104,7 +104,7 @@ def _rich_table(rows: Sequence[dict[str, Any]], columns: list[str], cells: list[
 
 def record_row(record: dict[str, Any], *, env: bool = False) -> dict[str, Any]:
     """Flatten a record to one row: kind, status, config fields, metrics (nested names dotted when they clash; a
-    metric named like a config field as `metrics.<name>`); with `env`, also the environment as `env.<field>`
+    config field named like a metric as `config.<name>`); with `env`, also the environment as `env.<field>`
     columns (`env.hostname`, `env.torch`, `env.threads`)."""
     row: dict[str, Any] = {"kind": record.get("kind"), "status": record.get("status")}
     flat: list[tuple[str, str, str, Any]] = []
@@ -116,14 +116,12 @@ def record_row(record: dict[str, Any], *, env: bool = False) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for _, leaf, _, _ in flat:
         counts[leaf] = counts.get(leaf, 0) + 1
-    config_names = set()
-    for section, leaf, dotted, value in flat:
-        name = leaf if counts[leaf] == 1 and leaf not in ("kind", "status") else dotted
-        if section == "config":
-            config_names.add(name)
-        elif name in config_names:  # a metric named like a config field (`threads`: asked for vs used)
-            name = f"metrics.{dotted}"
-        row[name] = value
+    names = [leaf if counts[leaf] == 1 and leaf not in ("kind", "status") else dotted for _, leaf, dotted, _ in flat]
+    metric_names = {name for (section, *_), name in zip(flat, names, strict=True) if section == "metrics"}
+    for (section, _, dotted, value), name in zip(flat, names, strict=True):
+        # a config field named like a metric (`threads`: asked for, None by default, vs used): the metric keeps
+        # the name, the config value is `config.<name>`
+        row[f"config.{dotted}" if section == "config" and name in metric_names else name] = value
     if record.get("note"):
         row["note"] = record["note"]
     if env:
@@ -167,12 +165,14 @@ def default_columns(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, 
     metrics (medians, not every statistic), and the note when a row has one."""
     config_keys = [c for c in columns_of(layout_rows(records, "config")) if c not in ("kind", "status")]
     metrics = columns_of(layout_rows(records, "metrics"))
+    medians = {name.removesuffix("_median") for name in metrics if name.endswith("_median")}
 
-    def quiet(name: str) -> bool:  # a statistic beside its median (comm's time_us_max has none: it stays)
-        return any(name.endswith(s) and name[: -len(s)] + "_median" in metrics for s in QUIET_SUFFIXES)
+    def quiet(name: str) -> bool:
+        """A sample count, or a statistic beside its median (comm's time_us_max has none: it stays)."""
+        return name.endswith("_n") or any(name.endswith(s) and name[: -len(s)] in medians for s in QUIET_SUFFIXES)
 
-    metric_keys = [f"metrics.{c}" if c in config_keys else c for c in metrics
-                   if c not in ("kind", "status") and not quiet(c)]
+    config_keys = [f"config.{c}" if c in metrics else c for c in config_keys]
+    metric_keys = [c for c in metrics if c not in ("kind", "status") and not quiet(c)]
     kinds = ["kind"] if len({r.get("kind") for r in records}) > 1 else []
     identity = varying_columns(rows, config_keys) or [c for c in config_keys if "." not in c][:6]
     columns = kinds + identity + ["status"] + metric_keys

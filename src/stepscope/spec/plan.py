@@ -209,7 +209,7 @@ class ParallelPlan:
                   f"last{self.last_stage_layers}" if self.last_stage_layers else "",
                   f"recompute {self.recompute}" if self.recompute != "none" else "",
                   f"v{self.interleave}" if self.interleave > 1 else "",
-                  f"rounds{self.pipeline_rounds}" if self.pipeline_rounds > 1 else "",
+                  f"rounds{self.pipeline_rounds}" if self.pipeline_rounds > 1 and self.pp > 1 else "",
                   "" if self.flash_attention else "no-flash",
                   f"imbalance{self.expert_imbalance:g}" if self.expert_imbalance != 1.0 else "",
                   self.dispatcher if self.dispatcher != "alltoall" else "", "ep-overlap" if self.ep_overlap else ""]

@@ -111,8 +111,8 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     Constraint("micro-batch divides local batch", lambda p, f: _local_batch(p, f) % p.micro_batch == 0,
                lambda p, f: f"micro_batch={p.micro_batch} does not divide the {_local_batch(p, f)} sequences "
                             f"per data-parallel replica"),
-    Constraint("pipeline rounds divide the micro-batches",
-               lambda p, f: (_local_batch(p, f) // p.micro_batch) % p.pipeline_rounds == 0,
+    Constraint("pipeline rounds divide the micro-batches",  # without a pipeline, rounds change nothing
+               lambda p, f: (p.pp == 1) | ((_local_batch(p, f) // p.micro_batch) % p.pipeline_rounds == 0),
                lambda p, f: f"pipeline_rounds={p.pipeline_rounds} does not divide the "
                             f"{_local_batch(p, f) // p.micro_batch} micro-batches per step"),
     Constraint("interleave needs micro-batches divisible by pp",

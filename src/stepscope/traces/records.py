@@ -63,11 +63,13 @@ def build_records(ranks: list[RankAnalysis], steps: list[StepAcrossRanks],
     """(config, metrics) of every record, in the order they are written."""
     out: list[tuple[dict[str, Any], dict[str, Any]]] = []
     files = sorted(str(r.path) for r in ranks)
-    # the traces analysed together are one job: `compare --trace` keeps one job's records apart from another's
-    job = hashlib.sha1("\n".join(files).encode()).hexdigest()[:12]
+    # the traces analysed together are one job (`compare --trace` keeps one job's records apart from another's);
+    # resolved paths: the same files named from another folder are the same job
+    job = hashlib.sha1("\n".join(sorted(str(r.path.resolve()) for r in ranks)).encode()).hexdigest()[:12]
     for rank in ranks:
+        # `world_size` falls back to the files given; `stated_world_size` is the trace's own (None: it names none)
         base = {"file": str(rank.path), "job": job, "rank": rank.rank, "world_size": rank.world_size or len(ranks),
-                "device": rank.device}
+                "stated_world_size": rank.world_size, "device": rank.device}
         out.append(({"record": "rank", **base, "step": "all", "events": rank.events},
                     rank.total.metrics(launch_bound_share)))
         for window in rank.steps:

@@ -29,8 +29,8 @@ YES_NO = {"yes": True, "no": False, "true": True, "false": False, "on": True, "o
 
 # ---- values -------------------------------------------------------------------------------------------------
 def parse_list(text: str | Sequence[str], convert: Callable[[str], T], option: str) -> list[T]:
-    """`"128,256"` -> [128, 256]; empty items or unconvertible values are usage errors. A value given twice is one
-    value (a sweep would measure the point twice under one record key)."""
+    """`"128,256"` -> [128, 256]; empty items or unconvertible values are usage errors. Duplicates stay (an A/A
+    run compares a setup with itself): sweeps drop them with `unique`."""
     if not isinstance(text, str):
         return [convert(item) if isinstance(item, str) else item for item in text]
     items = [item.strip() for item in str(text).split(",")]
@@ -44,7 +44,12 @@ def parse_list(text: str | Sequence[str], convert: Callable[[str], T], option: s
             raise
         except (ValueError, TypeError):
             raise UsageError(f"invalid value {item!r} in {option} {text!r}") from None
-    return list(dict.fromkeys(out))
+    return out
+
+
+def unique(values: Sequence[T]) -> list[T]:
+    """The values in their order, each once: a sweep would measure a point given twice twice, under one key."""
+    return list(dict.fromkeys(values))
 
 
 def one_value(text: Any, convert: Callable[[str], T], option: str) -> T:

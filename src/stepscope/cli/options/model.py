@@ -17,6 +17,7 @@ from stepscope.cli.options import (
     parse_list,
     positive_int,
     threads_list,
+    unique,
 )
 from stepscope.measure.step.config import StepConfig
 from stepscope.spec import MODES, PRECISIONS, ModelSpec, Workload, get_preset, parse_field_value
@@ -77,11 +78,13 @@ def add_workload_options(parser: argparse.ArgumentParser, step_config: type) -> 
 def workload_grid(args: argparse.Namespace) -> list[tuple[ModelSpec, Workload, str]]:
     """(spec, workload, attention) for every combination of the listed values, validated."""
     specs = model_specs(args)
-    batches = parse_list(args.batch, positive_int, "--batch")
-    seqs = parse_list(args.seq, positive_int, "--seq")
-    modes = parse_list(args.mode, choice(*MODES), "--mode")
-    precisions = parse_list(args.precision, choice(*PRECISIONS), "--precision")
-    attentions = parse_list(args.attention, str, "--attention")
+    # an A/B run may compare a setup with itself (A/A); a sweep measures each point once
+    once = (lambda values: values) if getattr(args, "ab", False) else unique
+    batches = once(parse_list(args.batch, positive_int, "--batch"))
+    seqs = once(parse_list(args.seq, positive_int, "--seq"))
+    modes = once(parse_list(args.mode, choice(*MODES), "--mode"))
+    precisions = once(parse_list(args.precision, choice(*PRECISIONS), "--precision"))
+    attentions = once(parse_list(args.attention, str, "--attention"))
     return [(spec, Workload(batch=batch, seq=seq, precision=precision, mode=mode), attention)
             for spec, batch, seq, mode, precision, attention
             in itertools.product(specs, batches, seqs, modes, precisions, attentions)]

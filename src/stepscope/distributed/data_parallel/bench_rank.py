@@ -238,6 +238,7 @@ def bench_rank(ctx: RankContext, config: Any) -> dict[str, Any]:
                         mode="train")
     # the point's memory first: the model, its data and one local forward and backward (no collective, so a rank
     # that runs out of memory cannot leave the others inside one); all ranks then agree whether to go on
+    _everyone(True, device)  # the communicator exists before the model takes the memory (NCCL builds it lazily)
     failure = None
     try:
         step = transformer_step(config.model, workload, device=device, seed=config.seed + ctx.rank, lr=config.lr)
@@ -247,6 +248,10 @@ def bench_rank(ctx: RankContext, config: Any) -> dict[str, Any]:
         if not is_out_of_memory(error):
             raise
         failure = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        step = None  # what did fit goes back before the ranks agree
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     if not _everyone(failure is None, device):
         return {"rank": ctx.rank, "world_size": ctx.world_size, "device": device.type,
                 "oom": failure or "out of memory on another rank"}
