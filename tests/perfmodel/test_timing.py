@@ -13,6 +13,7 @@ from stepscope.perfmodel.collectives import (
     ring_all_reduce,
     tree_all_reduce,
 )
+from stepscope.perfmodel.evaluate import reductions
 from stepscope.perfmodel.memory import state_bytes
 from stepscope.perfmodel.timing import bucket_layout, dp_exposed
 from stepscope.spec import Workload, get_preset
@@ -105,6 +106,26 @@ def test_each_pipeline_round_fills_and_drains_the_pipeline_again():
     sixteen = evaluate(spec, workload, plan.replace(pipeline_rounds=16), system)
     assert sixteen.memory.activations == pytest.approx(one.memory.activations * 2 / 8)
     assert "rounds4" in plan.replace(pipeline_rounds=4).describe()
+
+
+def test_fsdp_under_a_pipeline_schedule_reduces_and_gathers_once_per_round():
+    # torch.distributed.pipelining: gradients accumulate unsharded through a round and are reduce-scattered at its
+    # last backward; with reshard_after_forward off the weights are gathered once per round
+    spec, system = get_preset("llama3-8b"), load_system("H100-SXM")
+    workload = Workload(batch=64, seq=4096, precision="bf16", mode="train")
+    plan = ParallelPlan(dp=4, pp=2, micro_batch=1, zero=3, reshard_after_forward=False, dp_overlap=False)
+    one = evaluate(spec, workload, plan, system)
+    two = evaluate(spec, workload, plan.replace(pipeline_rounds=2), system)
+    assert two.breakdown["dp_comm"] == pytest.approx(2 * one.breakdown["dp_comm"])
+    assert reductions(plan, 16) == 1 and reductions(plan.replace(pipeline_rounds=4), 16) == 4
+    assert reductions(plan.replace(pp=1), 16) == 16  # no schedule: sharded gradients per micro-batch
+    assert reductions(plan.replace(pp=1, zero=1), 16) == 1
+    # at the peak only the optimizer state is sharded: the memory of ZeRO-1
+    zero1 = evaluate(spec, workload, plan.replace(zero=1), system).memory
+    assert (one.memory.weights, one.memory.grads, one.memory.optimizer) == pytest.approx(
+        (zero1.weights, zero1.grads, zero1.optimizer))
+    # without a pipeline ZeRO-3 keeps its shards
+    assert evaluate(spec, workload, plan.replace(pp=1, dp=8), system).memory.grads <= zero1.grads / 2
 
 
 def test_pipeline_rounds_must_split_the_micro_batches():

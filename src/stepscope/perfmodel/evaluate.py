@@ -232,13 +232,12 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
             if experts:
                 times = [collective_time(kind, b * gb, n_edp, layout["edp"], network)
                          for b in bucket_layout(experts, bucket_cap_MiB * 2**20 / gb)] + times
-            # sharded gradients (ZeRO-2/3) have no full-size buffer to accumulate micro-batches into: they are
-            # reduced after every micro-batch's backward, not once per step
-            reduce_s = (m if plan.zero >= 2 else 1) * dp_exposed(times, stage_bwd.total_s, plan.dp_overlap)
+            reduce_s = reductions(plan, m) * dp_exposed(times, stage_bwd.total_s, plan.dp_overlap)
         if backward and plan.zero >= 1 and replicas > 1:  # HSDP: the reduced shards all-reduced across replicas
             shard_times = [collective_time("all-reduce", b / shard * gb, replicas, layout["replica"], network)
                            for b in buckets]
-            reduce_s += dp_exposed(shard_times, stage_bwd.total_s, plan.dp_overlap)
+            reduce_s += (plan.pipeline_rounds if plan.pp > 1 else 1) * dp_exposed(shard_times, stage_bwd.total_s,
+                                                                                plan.dp_overlap)
         # ZeRO-3 gathers the weights it computes with (fp8 where the recipe allows); ZeRO-1/2 the updated
         # 16-bit shards
         if plan.zero == 3:
@@ -255,7 +254,11 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
                                          network)
         first_bucket = collective_time("all-gather", min(1.0, buckets[0] / params) * gathered, shard,
                                        layout["shard"], network)
-        if plan.zero == 3:  # weights gathered before every forward (and again for backward unless kept)
+        if plan.zero == 3 and plan.pp > 1 and backward and not plan.reshard_after_forward:
+            # a pipeline schedule keeps the gathered weights until its last backward: one gather per round
+            gather_s = plan.pipeline_rounds * (max(weights_s - stage_fwd.total_s, first_bucket) if plan.dp_overlap
+                                               else weights_s)
+        elif plan.zero == 3:  # weights gathered before every forward (and again for backward unless kept)
             passes = [stage_fwd.total_s] + ([stage_bwd.total_s] if plan.reshard_after_forward and backward else [])
             per_pass = [max(weights_s - window, first_bucket) if plan.dp_overlap else weights_s for window in passes]
             gather_s = m * sum(per_pass)
@@ -301,6 +304,16 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
                       breakdown=breakdown, model_flops=model_flops, hardware_flops=model_flops + recompute_flops,
                       peak_flops=acc.matrix_peak(act), memory=mem,
                       extras={"layout": layout, "params_per_gpu": params + experts, "pace_stage": pace.name})
+
+
+def reductions(plan: ParallelPlan, micro_batches: int) -> int:
+    """Gradient reductions per step. Under a pipeline schedule (torch.distributed.pipelining's
+    `backward_maybe_with_nosync`; Megatron's 1F1B) gradients accumulate through a round's micro-batches and are
+    reduced at its last backward, FSDP's sharded ones too: once per round. Without one, sharded gradients (ZeRO-2/3)
+    have no full-size buffer to accumulate micro-batches into: they are reduced after every micro-batch."""
+    if plan.pp > 1:
+        return plan.pipeline_rounds
+    return micro_batches if plan.zero >= 2 else 1
 
 
 def gathered_bytes(fp8_params: float, params: float, act_bytes: int, g: Geometry) -> float:

@@ -141,9 +141,13 @@ def memory(spec: ModelSpec, g: Geometry, plan: ParallelPlan, precision: str, mic
     act_precision = activation_precision(precision)
     sp = stage_params(spec, g, plan.pp)
     keeps_weights = plan.zero == 3 and not plan.reshard_after_forward  # gathered weights kept until backward
+    # under a pipeline schedule FSDP accumulates unsharded gradients and keeps the gathered weights through a
+    # round (`reductions`): at the peak only the optimizer state is sharded, as with ZeRO-1
+    zero = 1 if plan.pp > 1 and plan.zero >= 2 and not forward_only else plan.zero
+    keeps_weights = keeps_weights and zero == 3
 
     def per_param_bytes(ranks: int) -> StateBytes:
-        per_param = state_bytes(act_precision, 2 if keeps_weights else plan.zero, ranks, plan.fp32_grads)
+        per_param = state_bytes(act_precision, 2 if keeps_weights else zero, ranks, plan.fp32_grads)
         if keeps_weights:  # the optimizer state stays sharded as in ZeRO-3
             per_param = StateBytes(per_param.weights, per_param.grads,
                                    state_bytes(act_precision, 3, ranks, plan.fp32_grads).optimizer)
@@ -158,7 +162,7 @@ def memory(spec: ModelSpec, g: Geometry, plan: ParallelPlan, precision: str, mic
     if plan.recompute == "full":  # one layer's activations while it is recomputed: the larger kind
         working = max(sum(op.saved_bytes for op in ops) for ops in (dense_ops, moe_ops) if ops)
     gathered = 0.0
-    if plan.zero >= 3 and not keeps_weights:  # a gathered copy of the layer being computed and the prefetched one
+    if zero >= 3 and not keeps_weights:  # a gathered copy of the layer being computed and the prefetched one
         gathered = 2 * max(sp.dense, sp.moe + sp.expert) * bytes_per_element(act_precision)
     working += gathered
     vocab = spec.vocab_size / g.tp

@@ -51,7 +51,8 @@ def pipeline_stages(plan: ParallelPlan, n_layers: int, micro_batches: int,
     that do not fit there are counted as MoE blocks of the middle stages (which hold more parameters and at
     least the activated work of a dense block, so the fullest middle stage is bounded)."""
     first, middle, last = plan.stage_layers(n_layers)
-    p, m = plan.pp, micro_batches // plan.pipeline_rounds  # a round's schedule holds at most its own
+    p = plan.pp
+    m = micro_batches // plan.pipeline_rounds if p > 1 else micro_batches  # a round holds at most its own
 
     def held(rank: int) -> float:
         return float(held_micro_batches(p, rank, plan.interleave, m))

@@ -142,11 +142,13 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     if moe:  # expert gradients (`experts_apart`), launched before the others
         total_t = total_t + np.where(is_ar, T["ar_exp"], T["rs_exp"])
     reduce_s = np.maximum(total_t - stage_bwd, last_t) if c.dp_overlap else total_t
-    reduce_s = np.where(zero >= 2, m, 1.0) * reduce_s  # sharded gradients: reduced after every micro-batch
+    # `evaluate.reductions`: once per pipeline round, else after every micro-batch for sharded gradients
+    reduce_s = np.where(single, np.where(zero >= 2, m, 1.0), c.pipeline_rounds) * reduce_s
     # HSDP: the reduced gradient shards all-reduced across the replicas, once a step
     hsdp_t = T["n_full"] * T["hsdp_full"] + T["hsdp_last"]
     hsdp_s = np.maximum(hsdp_t - stage_bwd, T["hsdp_last"]) if c.dp_overlap else hsdp_t
-    reduce_s = reduce_s + np.where((zero >= 1) & (T["replicas"] > 1), hsdp_s, 0.0)
+    reduce_s = reduce_s + np.where((zero >= 1) & (T["replicas"] > 1), np.where(single, 1, c.pipeline_rounds) * hsdp_s,
+                                   0.0)
     weights_s, first_bucket = T["weights_s"], T["first_bucket"]
     weights3, first3 = T["weights_s_z3"], T["first_bucket_z3"]
     gathers = 2 if c.reshard_after_forward and backward else 1  # ZeRO-3: forward's, and backward's unless kept
@@ -156,6 +158,9 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
         z12 = np.maximum(weights_s - stage_fwd, first_bucket)
     else:
         z3, z12 = m * gathers * weights3, weights_s
+    if backward and not c.reshard_after_forward:  # under a pipeline schedule: one gather per round (`evaluate`)
+        once = np.maximum(weights3 - stage_fwd, first3) if c.dp_overlap else weights3
+        z3 = np.where(single, z3, c.pipeline_rounds * once)
     # expert weights with a group of their own may need it where dp x cp = 1 (whole experts on every TP rank);
     # gradients are reduced where there is a backward pass, ZeRO-3 gathers its weights for forward as well
     has_dp = (T["dp_cp"] > 1) | ((T["edp"] > 1) if moe else False)
@@ -206,14 +211,17 @@ def _memory(workload: Workload, system: SystemSpec, c: Candidates, T: dict[str, 
     gb = 4 if c.fp32_grads else e
     optimizer_bytes = 8.0 + (4.0 if workload.precision != "fp32" else 0.0)  # m, v (+ fp32 master weights)
     keeps = (zero == 3) & (not c.reshard_after_forward)  # FSDP without resharding holds the gathered weights
+    # under a pipeline schedule FSDP keeps unsharded gradients and gathered weights through a round (memory.py)
+    through = (~single) & (workload.mode != "fwd")
+    keeps = keeps | ((zero == 3) & through)
     w = np.where((zero >= 3) & ~keeps, e / n_shard, float(e))
-    g = np.where(zero >= 2, gb / n_shard, float(gb))
+    g = np.where((zero >= 2) & ~through, gb / n_shard, float(gb))
     o = np.where(zero >= 1, optimizer_bytes / n_shard, optimizer_bytes)
     moe = "moe_fwd" in T
     if moe:  # expert weights (`experts_apart`): state sharded over the `expert_dp` ranks holding the same experts
         n_edp = T["edp"]
         we = np.where((zero >= 3) & ~keeps, e / n_edp, float(e))
-        ge = np.where(zero >= 2, gb / n_edp, float(gb))
+        ge = np.where((zero >= 2) & ~through, gb / n_edp, float(gb))
         oe = np.where(zero >= 1, optimizer_bytes / n_edp, optimizer_bytes)
 
     def per_layer_of(prefix: str) -> np.ndarray:
