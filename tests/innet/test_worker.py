@@ -12,6 +12,7 @@ from stepscope import innet
 from stepscope.errors import UsageError
 from stepscope.innet import InnetError, InnetJob, JobConfig, log_line
 from stepscope.innet.faults import FaultConfig
+from stepscope.innet.quantize import QuantizationError
 from stepscope.innet.reference import check_result, reference_input
 from stepscope.innet.switch import Switch, SwitchConfig
 from tests.innet.conftest import address, job, run_ranks
@@ -197,9 +198,23 @@ def test_bad_requests_are_usage_errors(switch):
     with pytest.raises(UsageError):
         member.all_reduce(np.ones(4, np.float32), k=2)
     assert member.all_reduce(np.ones(4, np.float32), "sum").tolist() == [1.0] * 4  # world 1 works
+    # values that cannot be quantized take no op id: the next op still gets the id the other ranks give theirs
+    with pytest.raises(QuantizationError):
+        member.all_reduce(np.full(4, np.inf, np.float32))
+    assert member.all_reduce(np.ones(4, np.float32), "sum").tolist() == [1.0] * 4
+    # a buffer still being reduced cannot be reduced again
+    buffer = np.ones(1 << 20, np.float32)  # thousands of packets: still in flight when the second comes
+    first = member.submit(buffer, "sum")
+    if not first.op.event.is_set():
+        with pytest.raises(UsageError, match="shares memory"):
+            member.submit(buffer[10:20], "sum")
+    first.wait()
     member.close()
     with pytest.raises(UsageError):
         JobConfig(switch="nohost").validate()
+    for bad in ({"job_id": 0}, {"sto_ms": float("inf")}, {"sto_ticks": 2**32}):
+        with pytest.raises(UsageError):
+            JobConfig(switch="127.0.0.1:9", **bad).validate()
 
 
 def test_log_line_has_the_dpa_format():

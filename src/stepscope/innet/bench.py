@@ -224,6 +224,8 @@ def _row(config: BenchConfig, size: int, mode: str, ops: int, gathered: list[Any
     row["checked_elements"], row["wrong_elements"] = checks.checked, checks.wrong
     row["unchecked_elements"] = checks.unchecked
     row["worker_retransmissions"] = sum(g[3].get("retransmitted", 0) for g in gathered)  # this cell's, all ranks
+    # blocks a late rank sent clipped to an exponent agreed without it (fastest-K): their results are not exact
+    row["clipped_blocks"] = sum(g[3].get("clipped_blocks", 0) for g in gathered)
     return row
 
 

@@ -13,6 +13,7 @@ known yet (`innet train`'s default straggler): `for_world` names it.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable
@@ -63,8 +64,8 @@ class StragglerSpec:
 
     def validate(self, world: int | None = None) -> None:
         """Without a world, rank -1 (the last) may stand; against a world, every rank must be one of it."""
-        if self.delay_s < 0 or not 0 <= self.probability <= 1:
-            raise UsageError("--straggler needs delay >= 0 and 0 <= prob <= 1")
+        if not 0 <= self.delay_s < math.inf or not 0 <= self.probability <= 1:
+            raise UsageError("--straggler needs a finite delay >= 0 and 0 <= prob <= 1")
         lowest = -1 if world is None else 0
         if any(r < lowest for r in self.ranks) or (world is not None and any(r >= world for r in self.ranks)):
             raise UsageError(f"--straggler ranks {list(self.ranks)} must be in 0..{(world or 1) - 1}")

@@ -3,6 +3,7 @@ the job id every rank of a run shares. No sockets here: the worker (`stepscope.i
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -85,13 +86,18 @@ class JobConfig:
             raise UsageError(f"values per packet must be 1..{p.MAX_VALUES}, got {self.k}")
         if not 1 <= self.slots <= 65_535 or (self.window is not None and not 1 <= self.window <= self.slots):
             raise UsageError("slots must be 1..65535 and the window 1..slots")
-        if self.sto_ms < 0 or (self.sto_ticks is not None and self.sto_ticks < 0):
-            raise UsageError("the straggler timeout must be >= 0")
+        if not (0 <= self.sto_ms < math.inf) or (self.sto_ticks is not None and self.sto_ticks < 0):
+            raise UsageError("the straggler timeout must be a finite number >= 0")
         rto = self.rto_ms if self.rto_ms is not None else self.rto_min_ms
-        if rto <= 0 or self.rto_min_ms <= 0 or self.backoff < 1 or self.rto_max_ms < rto:
-            raise UsageError("need rto > 0, backoff >= 1 and rto-max >= rto")
-        if not 0 <= self.job_id < 2**32:
-            raise UsageError(f"job id must fit 32 bits, got {self.job_id}")
+        if not all(math.isfinite(v) for v in (rto, self.rto_min_ms, self.rto_max_ms, self.backoff)) or (
+                rto <= 0 or self.rto_min_ms <= 0 or self.backoff < 1 or self.rto_max_ms < rto):
+            raise UsageError("need finite rto > 0, backoff >= 1 and rto-max >= rto")
+        # job 0 is the switch's own: STATS for job 0 are the switch totals
+        if not 1 <= self.job_id < 2**32:
+            raise UsageError(f"job id must be 1..2^32-1, got {self.job_id}")
+        problem = self.join_params().problem()  # what the switch would refuse, said before anything starts
+        if problem:
+            raise UsageError(problem)
         self.faults.validate()
 
     def join_params(self) -> p.JoinParams:

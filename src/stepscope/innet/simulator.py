@@ -18,6 +18,7 @@ Times reported are those of the fastest K workers (K = n: all), from each worker
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -105,7 +106,12 @@ class SimConfig:
         return self.k or self.workers
 
     def validate(self) -> None:
+        times = (self.sto_ms, self.rto_ms, self.rto_max_ms, self.rtt_us, self.jitter_us, self.stall_us,
+                 self.op_overhead_us, self.straggler_ms)
         checks = [
+            (all(math.isfinite(t) for t in times), "times must be finite numbers"),
+            (not 0 <= self.sto_ms < math.inf or sto_ticks_from_ms(self.sto_ms) < 2**31,
+             "--sto-ms beyond what the switch's timer holds (2^31 ticks)"),
             (2 <= self.workers <= 1024, "--workers must be 2..1024"),
             (10 <= self.link_gbps <= 400, "--link-gbps must be 10..400"),
             (1 <= self.pipes <= 4, "--pipes must be 1..4"),
@@ -230,8 +236,11 @@ class _Model:
             else:
                 issue = done + overhead
             finished = self._op(issue, blocks, last_value_count)
-            # the fastest K workers define when an op is done (K = n: the slowest worker)
-            self.op_times.append(float(np.sort(finished - issue)[c.min_count - 1]))
+            # the fastest K workers define when an op is done (K = n: the slowest worker); a straggler that finds
+            # every result waiting for it (0 s) did no part of the op and is not one of them
+            durations = finished - issue
+            working = durations[durations > 0]
+            self.op_times.append(float(np.sort(working if len(working) >= c.min_count else durations)[c.min_count - 1]))
             done = finished
             last = np.maximum(last, finished)
         self.end_time = float(np.sort(last)[c.min_count - 1])

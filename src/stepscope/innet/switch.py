@@ -213,7 +213,7 @@ class Switch:
             params = p.JoinParams.from_values(p.values_of(data, h.count))
         except p.ProtocolError:
             return reject(1)
-        if params.problem() or not 1 <= h.world <= p.MAX_WORLD:
+        if params.problem() or not 1 <= h.world <= p.MAX_WORLD or h.job == 0:  # job 0: the switch's own stats
             return reject(1)
         if h.rank >= h.world:
             return reject(5)

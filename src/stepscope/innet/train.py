@@ -24,8 +24,10 @@ from stepscope.innet import protocol as p
 from stepscope.innet.faults import StragglerSpec
 from stepscope.innet.job_config import JobConfig, shared_job_id
 from stepscope.innet.runner import RunOutcome, run_ranks, start_run
+from stepscope.innet.switch import SwitchConfig
+from stepscope.innet.switch_job import SwitchJob
 from stepscope.innet.worker import InnetJob
-from stepscope.results.store import make_record
+from stepscope.results.store import RecordStore, make_record
 from stepscope.spec import ModelSpec, Workload, get_preset
 
 DDP_KINDS = ("torch", "bucketed")
@@ -98,12 +100,19 @@ class TrainConfig:
         return {**asdict(replace(config, job=job)), "model": config.model.name}
 
 
-def train_rank(ctx: Any, config: TrainConfig) -> dict[str, Any]:
-    """One rank: every scenario's step times, the bucket log lines (rank 0) and a parameter hash."""
+def train_rank(ctx: Any, config: TrainConfig, out_dir: str | None = None,
+               settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One rank: every scenario's step times, the bucket log lines (rank 0) and a parameter hash. Rank 0 appends
+    each scenario's record to `<out_dir>/innet-train.jsonl` as soon as it is done (Ctrl-C keeps those)."""
     import torch.distributed as dist
 
     from stepscope.innet.ddp_hook import InnetHookState, innet_hook
+    from stepscope.measure.environment import torch_environment
     from stepscope.measure.training import transformer_step
+
+    store = RecordStore(out_dir, "innet-train") if out_dir is not None and ctx.rank == 0 else None
+    env = torch_environment("cpu", ctx.world_size) if store is not None else {}
+    all_scenarios = config.scenarios()
 
     workload = Workload(batch=config.batch, seq=config.seq, precision="fp32", mode="train")
     rng = random.Random(config.seed * 7919 + ctx.rank)
@@ -149,8 +158,17 @@ def train_rank(ctx: Any, config: TrainConfig) -> dict[str, Any]:
                            "loss": float(loss.detach())}
                 if state is not None:
                     summary["timed_out_blocks"] = sum(o["timed_out_blocks"] for o in state.ops)
+                    summary["clipped_blocks"] = sum(o["clipped_blocks"] for o in state.ops)
                     summary["min_contributors"] = min((o["min_contributors"] for o in state.ops), default=k)
                 out["scenarios"].append(summary)
+                everyone: list[Any] = [None] * ctx.world_size
+                dist.all_gather_object(everyone, summary)
+                if store is not None:
+                    index = len(out["scenarios"]) - 1
+                    row = scenario_row(config, all_scenarios[index], everyone)
+                    scenario = {"backend": row["backend"], "k": row["k"], "straggler": row["straggler"]}
+                    store.append(make_record("innet-train", {**(settings or {}), **scenario},
+                                             {name: v for name, v in row.items() if name not in scenario}, env=env))
             dist.barrier()
             out["hash"][backend] = _parameter_hash(step.model)
         finally:
@@ -179,24 +197,34 @@ def _parameter_hash(model: Any) -> str:
 
 def summarize(config: TrainConfig, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per scenario from every rank's step times."""
-    rows = []
+    return [scenario_row(config, scenario, [r["scenarios"][index] for r in results])
+            for index, scenario in enumerate(config.scenarios())]
+
+
+def scenario_row(config: TrainConfig, scenario: tuple[str, int, bool], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One scenario's row from every rank's summary of it (rank order)."""
+    backend, k, straggle = scenario
     stragglers = set(config.straggler.ranks)
-    for index, (backend, k, straggle) in enumerate(config.scenarios()):
-        per_rank = np.array([r["scenarios"][index]["times"] for r in results])  # ranks x steps
-        kth = np.sort(per_rank, axis=0)[k - 1]
-        fast = [r for r in range(config.world) if r not in stragglers]
-        row = {"backend": backend, "k": k, "tolerance": "no-straggle" if k >= config.world else f"straggle-{k}",
-               "straggler": config.straggler.describe() if straggle else "none",
-               "step_ms_median": float(np.median(kth)) * 1e3,
-               "fast_ranks_step_ms_median": float(np.median(per_rank[fast])) * 1e3,
-               "straggler_step_ms_median": (float(np.median(per_rank[sorted(stragglers)])) * 1e3
-                                            if stragglers else None),
-               "loss": results[0]["scenarios"][index]["loss"]}
-        if backend == "innet":
-            row["timed_out_blocks"] = results[0]["scenarios"][index]["timed_out_blocks"]
-            row["min_contributors"] = min(r["scenarios"][index]["min_contributors"] for r in results)
-        rows.append(row)
-    return rows
+    per_rank = np.array([r["times"] for r in ranks])  # ranks x steps
+    kth = np.sort(per_rank, axis=0)[k - 1]
+    fast = [r for r in range(config.world) if r not in stragglers]
+    row = {"backend": backend, "k": k, "tolerance": "no-straggle" if k >= config.world else f"straggle-{k}",
+           "straggler": config.straggler.describe() if straggle else "none",
+           "step_ms_median": float(np.median(kth)) * 1e3,
+           "fast_ranks_step_ms_median": float(np.median(per_rank[fast])) * 1e3,
+           "straggler_step_ms_median": (float(np.median(per_rank[sorted(stragglers)])) * 1e3
+                                        if stragglers else None),
+           "loss": ranks[0]["loss"]}
+    if backend == "innet":
+        row["timed_out_blocks"] = ranks[0]["timed_out_blocks"]
+        row["min_contributors"] = min(r["min_contributors"] for r in ranks)
+        # blocks a rank sent clipped to an exponent agreed without it (late after a timeout): not exact
+        row["clipped_blocks"] = sum(r["clipped_blocks"] for r in ranks)
+    return row
+
+
+MAX_HISTORY = 2**20
+"""The most results a switch keeps per job (`protocol.JoinParams.problem`)."""
 
 
 @dataclass
@@ -215,7 +243,6 @@ def run_train(config: TrainConfig, out: str | os.PathLike | None = None, *,
     switch at `switch` (None: a switch process started for the run; required under torchrun/Slurm), then
     append one `innet-train` record per scenario to `<out>/innet-train.jsonl` (None: none). Rank 0's outcome;
     None on the other ranks under torchrun/Slurm."""
-    from stepscope.measure.environment import torch_environment
 
     config, store = start_run(config, out, switch, "innet-train")
     config = config.resolved()
@@ -223,19 +250,18 @@ def run_train(config: TrainConfig, out: str | os.PathLike | None = None, *,
     # A rank that falls behind (the straggler with K < world) recovers results it missed from the switch's
     # history: keep a whole step of blocks there, and let the late rank stash a step of early results.
     blocks_per_step = -(-config.model.param_count() // config.job.k) + config.job.slots
-    job = replace(config.job, history=max(config.job.history, blocks_per_step),
+    job = replace(config.job, history=min(max(config.job.history, blocks_per_step), MAX_HISTORY),
                   stash_limit_bytes=max(config.job.stash_limit_bytes, 3 * 4 * config.model.param_count()))
-    results = run_ranks(train_rank, replace(config, job=job), out=out, switch=switch, timeout_s=300)
+    # the switch keeps that history: a switch started for the run allows the job what it needs (one named by
+    # --switch needs --max-job-mib that large; it refuses the job otherwise)
+    need_MiB = -(-SwitchJob.memory_bytes(config.world, job.join_params()) // 2**20)
+    results = run_ranks(train_rank, replace(config, job=job), None if store is None else str(out), settings,
+                        out=out, switch=switch, timeout_s=300,
+                        job_MiB=need_MiB if need_MiB > SwitchConfig().max_job_bytes >> 20 else None)
     if results is None:
         return None
     hashes = {backend: {r["hash"].get(backend) for r in results} for backend in ("gloo", "innet")}
     outcome = TrainOutcome(config, summarize(config, results), None if store is None else store.path,
                            log=results[0]["log"], buckets=results[0]["buckets"],
                            replicas_identical={b: len(h) == 1 for b, h in hashes.items() if None not in h})
-    if store is not None:
-        env = torch_environment("cpu", config.world)
-        for row in outcome.rows:
-            scenario = {"backend": row["backend"], "k": row["k"], "straggler": row["straggler"]}
-            store.append(make_record("innet-train", {**settings, **scenario},
-                                     {k: v for k, v in row.items() if k not in scenario}, env=env))
-    return outcome
+    return outcome  # the records: rank 0 appended each scenario's as it finished

@@ -67,6 +67,7 @@ class InnetJob:
         self.log = log or logger.info
         self.engine: Engine | None = None
         self.next_op = 1
+        self._in_flight: list[Op] = []  # submitted ops not finished yet (for the overlap check)
         self.members_joined = 0
         self._lock = threading.Lock()
 
@@ -186,9 +187,18 @@ class InnetJob:
             raise UsageError(f"k must be 1..world ({world}), got {k}")
         array, finish = _as_array(tensor)
         with self._lock:  # op ids follow submit order, which every rank must share
-            op_id, self.next_op = self.next_op, self.next_op + 1
-        job_op = Op(op_id, array, average=op == "avg", min_count=min_count, preemptive=preemptive,
-                    values_per_packet=self.config.k, slots=self.config.slots, world=world)
+            # an op reads its values while it runs and writes its result in place: a buffer still being reduced
+            # cannot be reduced again (gloo and NCCL would order the two; here they would read each other)
+            self._in_flight = [o for o in self._in_flight if not o.event.is_set()]
+            if any(np.may_share_memory(o.array, array) for o in self._in_flight):
+                raise UsageError("this tensor shares memory with one still being reduced: wait for that op first")
+            op_id = self.next_op
+            # values that cannot be quantized (inf, nan) raise here, before the id is taken: the next op keeps
+            # the id the other ranks will give theirs
+            job_op = Op(op_id, array, average=op == "avg", min_count=min_count, preemptive=preemptive,
+                        values_per_packet=self.config.k, slots=self.config.slots, world=world)
+            self.next_op = op_id + 1
+            self._in_flight.append(job_op)
         if callback is not None:
             job_op.callbacks.append(callback)
         self.log(log_line(op_id, array, self.config.pipes, op == "avg", min_count, world, tensor))

@@ -42,6 +42,9 @@ class Op:
         self.remaining = self.packets
         self.contributors = np.zeros(self.blocks, dtype=np.int32)
         self.timed_out_blocks = 0
+        self.clipped: set[int] = set()
+        """Data blocks this rank sent clipped: its exponent was larger than the one agreed without it (a rank
+        that caught up after the block's prologue completed by timeout or fastest-K)."""
         self.op_flags = ((p.AVERAGE if average else 0) | (p.QUANTIZED if self.quantized else 0)
                          | (p.PREEMPTIVE if preemptive else 0))
         self.base = -1  # stream index of packet 0, set when the engine admits the op
@@ -83,6 +86,8 @@ class Op:
         values = self.array[start:start + self.k]
         if self.quantized:
             exponent = int(self.agreed[block])
+            if self.own_exponent[block] > exponent:  # its largest value does not fit the agreed range
+                self.clipped.add(block)
             ints = quantize(values, exponent, self.world)
         else:
             exponent, ints = 0, values
@@ -135,6 +140,6 @@ class Op:
         """What happened to this op: blocks, timed-out blocks, contributor counts, seconds."""
         contributors = self.contributors[:self.blocks]
         return {"op": self.op_id, "values": self.n, "blocks": self.blocks, "packets": self.packets,
-                "timed_out_blocks": self.timed_out_blocks,
+                "timed_out_blocks": self.timed_out_blocks, "clipped_blocks": len(self.clipped),
                 "min_contributors": int(contributors.min()) if self.blocks else self.world,
                 "seconds": (self.finished or time.perf_counter()) - self.submitted}

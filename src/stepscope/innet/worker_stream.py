@@ -34,6 +34,8 @@ class WorkerCounters:
     status_replies: int = 0
     stashed: int = 0
     stash_dropped: int = 0
+    clipped_blocks: int = 0
+    """Data blocks sent clipped to an exponent agreed without this rank (`Op.clipped`): not exact."""
 
 
 class Stream:
@@ -125,6 +127,7 @@ class Stream:
 
     def _complete(self, op: Op) -> None:
         self.ops.pop(op.op_id, None)
+        self.counters.clipped_blocks += len(op.clipped)
         op.finish()
         # finished ops leave the front of the stream: their packets count as done from then on
         while self.order and self.order[0].event.is_set():

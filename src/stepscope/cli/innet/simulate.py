@@ -98,7 +98,10 @@ def run(args: argparse.Namespace) -> int:
     varying = [c for c in columns[:first_metric] if len({str(r[c]) for r in rows}) > 1]
     shown = varying + columns[first_metric:] if len(rows) > 1 else columns
     printer.emit(rows, title=f"innet simulate: {len(rows)} point(s)", columns=shown)
-    if args.format == "table" and len({r["sto_ms"] for r in rows}) > 1:
+    # DPA's summary tables key a cell by STO, workload and RTO only: with any other setting swept they would
+    # keep one of its points and drop the rest, so they are printed only when nothing else varies
+    summarizable = set(varying) <= {"sto_ms", "sto_ticks", "workload", "rto_ms"}
+    if args.format == "table" and len({r["sto_ms"] for r in rows}) > 1 and summarizable:
         printer.emit(profile_table(rows, configs[0].ops), title="ok / to blocks (DPA's layout)")
         workload = "waited" if any(r["workload"] == "waited" for r in rows) else rows[0]["workload"]
         printer.emit(throughput_table(rows, workload=workload), title=f"{workload}: Gb/s")
