@@ -15,7 +15,7 @@ from stepscope.perfmodel.collectives import (
 )
 from stepscope.perfmodel.evaluate import reductions
 from stepscope.perfmodel.memory import state_bytes
-from stepscope.perfmodel.timing import bucket_layout, dp_exposed
+from stepscope.perfmodel.timing import bucket_layout, dp_exposed, zero3_gathers
 from stepscope.spec import Workload, get_preset
 from stepscope.spec.plan import ParallelPlan
 from stepscope.spec.system import load_system
@@ -126,6 +126,15 @@ def test_fsdp_under_a_pipeline_schedule_reduces_and_gathers_once_per_round():
         (zero1.weights, zero1.grads, zero1.optimizer))
     # without a pipeline ZeRO-3 keeps its shards
     assert evaluate(spec, workload, plan.replace(pp=1, dp=8), system).memory.grads <= zero1.grads / 2
+
+
+def test_zero3_gathers_per_step_by_schedule_and_resharding():
+    # (forward, backward) gathers: (pp, rounds, micro-batches, backward, reshard after forward)
+    assert zero3_gathers(1, 1, 16, True, True) == (16, 16)  # every pass gathers
+    assert zero3_gathers(1, 1, 16, True, False) == (16, 0)  # forward's copy serves the backward
+    assert zero3_gathers(4, 2, 16, True, True) == (2 * 4, 16)  # each backward, and each round's warm-up forward
+    assert zero3_gathers(4, 2, 16, True, False) == (2, 0)  # once per round
+    assert zero3_gathers(4, 1, 16, False, True) == (16, 0) and zero3_gathers(4, 1, 16, False, False) == (1, 0)
 
 
 def test_pipeline_rounds_must_split_the_micro_batches():

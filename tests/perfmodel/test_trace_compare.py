@@ -48,7 +48,9 @@ def test_records_of_one_job_only(tmp_path: Path) -> None:
     two_step_rank(rank=0, world_size=2, slow=50).write(tmp_path / "other.json")
     out = tmp_path / "out"
     run_trace(TraceConfig(paths=(str(tmp_path / "rank0.json"), str(tmp_path / "rank1.json")), plot=""), out)
-    run_trace(TraceConfig(paths=(str(tmp_path / "rank0.json"), str(tmp_path / "rank1.json")), plot=""), out)
+    (tmp_path / "sub").mkdir()  # the same files named another way: the same job
+    run_trace(TraceConfig(paths=(str(tmp_path / "sub" / ".." / "rank0.json"), str(tmp_path / "rank1.json")),
+                          plot=""), out)
     spec, workload = get_preset("small", n_layers=2), Workload(batch=8, seq=128, precision="bf16", mode="train")
 
     def compare(plan: ParallelPlan) -> list[dict]:

@@ -82,7 +82,9 @@ def test_comm_points_pair_with_the_fit_of_their_own_sweep():
     fits = [sweep([60.0, 150.0, 9000.0], 0.0, "comm --skew 0,2")[3], sweep([90.0, 400.0, 20000.0], 2.0,
                                                                           "comm --skew 0,2")[3]]
     rerun = sweep([30.0, 100.0, 5000.0], 0.0, "comm --skew 0,2")
-    rows, labelled = comm_vs_fit([*first, *fits, *rerun])
+    # a point of an earlier run without --fit, before the rerun's points: no fit was made from it
+    unfitted = make_record("comm", {"record": "point", **group, "skew": 0.0, "size_bytes": 4e6}, {"time_us_max": 1.0})
+    rows, labelled = comm_vs_fit([*first, *fits, unfitted, *rerun])
     assert list(labelled) == ["gloo all_to_allv x2 fp32 per-op out-of-place skew 0.0",
                               "gloo all_to_allv x2 fp32 per-op out-of-place skew 2.0",
                               "gloo all_to_allv x2 fp32 per-op out-of-place skew 0.0 (run 2)"]

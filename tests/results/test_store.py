@@ -103,3 +103,13 @@ def test_reading_a_folder_skips_what_is_not_a_record_file_and_reads_each_file_on
     assert len(read_records(tmp_path, store.path, tmp_path / ".")) == 1
     with pytest.raises(UsageError, match="no such results file or folder"):
         read_records(tmp_path / "missing")
+
+
+def test_a_row_without_the_metric_still_moves_its_config_field_away_from_the_metric_column():
+    from stepscope.results.views import metric_names_of
+
+    ok = make_record("step", {"threads": 4}, {"threads": 2})
+    oom = make_record("step", {"threads": 8}, {}, status="oom")
+    named = metric_names_of([ok, oom])
+    rows = [record_row(r, metric_names=named) for r in (ok, oom)]
+    assert [r.get("threads") for r in rows] == [2, None] and [r["config.threads"] for r in rows] == [4, 8]

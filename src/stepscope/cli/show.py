@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
     from stepscope.errors import UsageError
     from stepscope.results.store import read_records
-    from stepscope.results.views import columns_of, default_columns, record_row
+    from stepscope.results.views import columns_of, default_columns, metric_names_of, record_row
 
     records = read_records(args.path)
     if args.kind:
@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         records = [r for r in records if r.get("status") == args.status]
     if not records:
         raise UsageError(f"no records in {args.path}" + (" matching the filters" if args.kind or args.status else ""))
-    rows = [record_row(r, env=True) for r in records]
+    named = metric_names_of(records)
+    rows = [record_row(r, env=True, metric_names=named) for r in records]
     available = columns_of(rows)
     if args.columns == "all":
         columns = [c for c in available if not c.startswith("env.")]

@@ -76,6 +76,8 @@ class ProfileConfig:
         check_job(self.job, self.world)  # the template as given, then as each RTO of the sweep runs it
         for rto in self.rto_ms:
             check_job(self.job, self.world, rto_ms=rto, rto_max_ms=max(rto, self.job.rto_max_ms))
+        for sto in self.sto_ms:  # each STO of the sweep as the ranks run it (finite, within the switch's timer)
+            check_job(self.job, self.world, sto_ms=sto, sto_ticks=None)
 
     def to_dict(self) -> dict[str, Any]:
         return record_settings(self)

@@ -68,6 +68,7 @@ class InnetJob:
         self.engine: Engine | None = None
         self.next_op = 1
         self._in_flight: list[Op] = []  # submitted ops not finished yet (for the overlap check)
+        self._refused: str | None = None  # why an op was refused on this rank: the job cannot go on
         self.members_joined = 0
         self._lock = threading.Lock()
 
@@ -146,7 +147,13 @@ class InnetJob:
                 continue
             values = p.values_of(data, h.count)
             if h.flags & p.BAD:
-                reason = p.REJECT_REASONS.get(int(values[0]) if len(values) else 0, "rejected")
+                code = int(values[0]) if len(values) else 0
+                reason = p.REJECT_REASONS.get(code, "rejected")
+                if code == 4:  # say how much: the switch's limit is its --max-job-mib
+                    from stepscope.innet.switch_job import SwitchJob
+
+                    need = -(-SwitchJob.memory_bytes(self.config.world, self.config.join_params()) // 2**20)
+                    reason += f" (this job needs {need:,} MiB: start the switch with --max-job-mib {need} or more)"
                 raise InnetError(f"the switch rejected job {self.config.job_id}: {reason}")
             return int(values[4]) if len(values) > 4 else 0
 
@@ -187,17 +194,23 @@ class InnetJob:
             raise UsageError(f"k must be 1..world ({world}), got {k}")
         array, finish = _as_array(tensor)
         with self._lock:  # op ids follow submit order, which every rank must share
-            # an op reads its values while it runs and writes its result in place: a buffer still being reduced
-            # cannot be reduced again (gloo and NCCL would order the two; here they would read each other)
-            self._in_flight = [o for o in self._in_flight if not o.event.is_set()]
-            if any(np.may_share_memory(o.array, array) for o in self._in_flight):
-                raise UsageError("this tensor shares memory with one still being reduced: wait for that op first")
+            if self._refused is not None:
+                raise InnetError(f"{self._refused}: its peers wait for that op, so this job cannot go on")
             op_id = self.next_op
-            # values that cannot be quantized (inf, nan) raise here, before the id is taken: the next op keeps
-            # the id the other ranks will give theirs
-            job_op = Op(op_id, array, average=op == "avg", min_count=min_count, preemptive=preemptive,
-                        values_per_packet=self.config.k, slots=self.config.slots, world=world)
             self.next_op = op_id + 1
+            try:
+                # an op reads its values while it runs and writes its result in place: a buffer still being
+                # reduced cannot be reduced again (gloo and NCCL would order the two; here they would mix)
+                self._in_flight = [o for o in self._in_flight if not o.event.is_set()]
+                if any(np.may_share_memory(o.array, array) for o in self._in_flight):
+                    raise UsageError("this tensor shares memory with one still being reduced: wait for that op")
+                job_op = Op(op_id, array, average=op == "avg", min_count=min_count, preemptive=preemptive,
+                            values_per_packet=self.config.k, slots=self.config.slots, world=world)
+            except (UsageError, ValueError) as error:
+                # refused on this rank only (its own values or timing): the op id is spent, as on the other
+                # ranks, and every later op here fails at once instead of pairing with another op's id
+                self._refused = f"op {op_id} was refused on rank {self.config.rank} ({error})"
+                raise
             self._in_flight.append(job_op)
         if callback is not None:
             job_op.callbacks.append(callback)

@@ -30,6 +30,7 @@ from stepscope.perfmodel.timing import (
     op_time,
     optimizer_time,
     overlapped_exchange,
+    zero3_gathers,
 )
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
 from stepscope.spec.plan import DIMENSIONS, ParallelPlan
@@ -254,14 +255,11 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
                                          network)
         first_bucket = collective_time("all-gather", min(1.0, buckets[0] / params) * gathered, shard,
                                        layout["shard"], network)
-        if plan.zero == 3 and plan.pp > 1 and backward and not plan.reshard_after_forward:
-            # a pipeline schedule keeps the gathered weights until its last backward: one gather per round
-            gather_s = plan.pipeline_rounds * (max(weights_s - stage_fwd.total_s, first_bucket) if plan.dp_overlap
-                                               else weights_s)
-        elif plan.zero == 3:  # weights gathered before every forward (and again for backward unless kept)
-            passes = [stage_fwd.total_s] + ([stage_bwd.total_s] if plan.reshard_after_forward and backward else [])
-            per_pass = [max(weights_s - window, first_bucket) if plan.dp_overlap else weights_s for window in passes]
-            gather_s = m * sum(per_pass)
+        if plan.zero == 3:  # each gather hides behind the pass it serves, but for its first bucket
+            forwards, backwards = zero3_gathers(plan.pp, plan.pipeline_rounds, m, backward, plan.reshard_after_forward)
+            per_pass = [max(weights_s - window, first_bucket) if plan.dp_overlap else weights_s
+                        for window in (stage_fwd.total_s, stage_bwd.total_s)]
+            gather_s = float(forwards * per_pass[0] + backwards * per_pass[1])
         elif plan.zero in (1, 2) and mode == "train":  # updated shards gathered after the optimizer step
             gather_s = max(weights_s - stage_fwd.total_s, first_bucket) if plan.dp_overlap else weights_s
 

@@ -14,7 +14,8 @@ overlap and the optimizer step (scalar reference; `vectorized.py` has the array 
   slowest stage), i.e. a fraction (p−1)/(v·m) of the m micro-batches' time.
 - Data-parallel reduction overlaps the last micro-batch's backward, except the last bucket, which can
   only start when backward ends: exposed = max(reduce − backward window, last bucket) when overlapped.
-  With sharded gradients (ZeRO-2/3) this happens after every micro-batch's backward.
+  Without a pipeline, sharded gradients (ZeRO-2/3) are reduced after every micro-batch's backward; under a
+  pipeline schedule every stage reduces once per round (`evaluate.reductions`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from stepscope.perfmodel.ops import Cost
 from stepscope.spec.system import Accelerator
@@ -128,3 +131,19 @@ def optimizer_time(params: float, tensors: int, precision: str, grad_bytes: int,
     rate = accelerator.vector_peak("fp32" if "fp32" in accelerator.vector_TFLOPps else precision)
     return OpTime(cost.flops / rate, cost.bytes / accelerator.memory_bytes_per_s,
                   cost.kernels * accelerator.kernel_overhead_us * 1e-6)
+
+
+def zero3_gathers(pp, rounds, micro_batches, backward: bool, reshard_after_forward: bool):
+    """(forward, backward) ZeRO-3/FSDP weight gathers per step; ints or arrays. Without a backward pass the
+    weights are gathered for every micro-batch's forward, or once when they are kept. With one, and without a
+    pipeline, every forward gathers, and every backward too unless forward kept the weights. Under a pipeline
+    schedule (`torch.distributed.pipelining`) a backward leaves the weights gathered until the round's end: with
+    resharding after forward each backward gathers them again and so does each forward of a round's warm-up (at
+    most p of its m/R micro-batches, the first stage's); without it one gather per round."""
+    m, pipelined = micro_batches, pp > 1
+    if not backward:
+        return (m if reshard_after_forward else 1), 0
+    if reshard_after_forward:
+        warm_up = rounds * np.minimum(pp, m // rounds)
+        return np.where(pipelined, warm_up, m), m
+    return np.where(pipelined, rounds, m), 0

@@ -56,7 +56,13 @@ def one_job(records: list[dict[str, Any]], gpus: int) -> list[dict[str, Any]]:
     """The step records of one traced job: a record written again for the same trace step (a rerun) replaces the
     earlier one; records of different `stepscope trace` runs, or of a job of another size than the plan's, are a
     UsageError (their medians would mix jobs)."""
-    latest = {str(r.get("key")) if r.get("key") else str(i): r for i, r in enumerate(records)}
+    def step_of(i: int, record: dict[str, Any]) -> str:  # a job's step of a rank, however its files were named
+        config = record["config"]
+        if config.get("job") is not None:
+            return f"{config['job']}/{config.get('rank')}/{config.get('step')}"
+        return str(record.get("key") or i)
+
+    latest = {step_of(i, r): r for i, r in enumerate(records)}
     runs: dict[str, list[dict[str, Any]]] = {}
     for record in latest.values():  # the files analysed together (`job`; older records: the command that ran)
         job = record["config"].get("job") or (record.get("env") or {}).get("command")

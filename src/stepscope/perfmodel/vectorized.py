@@ -17,7 +17,7 @@ import numpy as np
 from stepscope.perfmodel.candidates import Candidates
 from stepscope.perfmodel.machine import Machine
 from stepscope.perfmodel.ops import activation_precision
-from stepscope.perfmodel.timing import DEFAULT_BUCKET_MIB
+from stepscope.perfmodel.timing import DEFAULT_BUCKET_MIB, zero3_gathers
 from stepscope.perfmodel.vectorized_terms import group_terms
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
 from stepscope.spec.system import SystemSpec
@@ -151,16 +151,14 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
                                    0.0)
     weights_s, first_bucket = T["weights_s"], T["first_bucket"]
     weights3, first3 = T["weights_s_z3"], T["first_bucket_z3"]
-    gathers = 2 if c.reshard_after_forward and backward else 1  # ZeRO-3: forward's, and backward's unless kept
+    # ZeRO-3: `timing.zero3_gathers` forward and backward gathers, each behind its pass but for the first bucket
+    forwards, backwards = zero3_gathers(T["pp"], c.pipeline_rounds, m, backward, c.reshard_after_forward)
     if c.dp_overlap:
-        z3 = m * (np.maximum(weights3 - stage_fwd, first3)
-                  + (np.maximum(weights3 - stage_bwd, first3) if gathers == 2 else 0.0))
+        z3 = (forwards * np.maximum(weights3 - stage_fwd, first3)
+              + backwards * np.maximum(weights3 - stage_bwd, first3))
         z12 = np.maximum(weights_s - stage_fwd, first_bucket)
     else:
-        z3, z12 = m * gathers * weights3, weights_s
-    if backward and not c.reshard_after_forward:  # under a pipeline schedule: one gather per round (`evaluate`)
-        once = np.maximum(weights3 - stage_fwd, first3) if c.dp_overlap else weights3
-        z3 = np.where(single, z3, c.pipeline_rounds * once)
+        z3, z12 = (forwards + backwards) * weights3, weights_s
     # expert weights with a group of their own may need it where dp x cp = 1 (whole experts on every TP rank);
     # gradients are reduced where there is a backward pass, ZeRO-3 gathers its weights for forward as well
     has_dp = (T["dp_cp"] > 1) | ((T["edp"] > 1) if moe else False)

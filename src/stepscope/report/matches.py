@@ -110,6 +110,9 @@ def comm_vs_fit(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]]
             pending.setdefault(_fit_key(record), []).append(record)
         elif config.get("record") == "fit" and metrics.get("alpha_us") is not None:
             points = pending.pop(_fit_key(record), [])
+            # the fit names how many points it was made from: the latest ones (an earlier run without --fit left
+            # points of its own before them)
+            points = points[-int(metrics.get("points") or len(points)):]
             if not points:
                 continue
             fit = AlphaBetaFit(**{name: metrics.get(name) for name in (

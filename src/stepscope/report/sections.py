@@ -13,7 +13,14 @@ from stepscope.report.html import Page
 from stepscope.report.kinds import DESCRIPTIONS
 from stepscope.report.plots import choose_metric, plot_table
 from stepscope.report.study import Study, sub_tables
-from stepscope.results.views import columns_of, default_columns, format_value, layout_rows, record_row
+from stepscope.results.views import (
+    columns_of,
+    default_columns,
+    format_value,
+    layout_rows,
+    metric_names_of,
+    record_row,
+)
 
 
 def anchor(kind: str) -> str:
@@ -60,7 +67,8 @@ def kind_section(page: Page, kind: str, records: Sequence[dict[str, Any]], found
     body = [f'<p class="what">{escape(DESCRIPTIONS.get(kind, "Records of kind " + kind + "."))}</p>']
     groups = sub_tables(records)
     for name, members in groups.items():
-        rows = [record_row(r) for r in members]
+        named = metric_names_of(members)
+        rows = [record_row(r, metric_names=named) for r in members]
         columns = [c for c in default_columns(members, rows) if c != "record"]
         metric_columns = columns_of(layout_rows(members, "metrics"))
         metric = choose_metric(kind, name, rows, metric_columns)

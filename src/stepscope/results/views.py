@@ -102,10 +102,11 @@ def _rich_table(rows: Sequence[dict[str, Any]], columns: list[str], cells: list[
     return "\n".join(line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines())
 
 
-def record_row(record: dict[str, Any], *, env: bool = False) -> dict[str, Any]:
+def record_row(record: dict[str, Any], *, env: bool = False, metric_names: Iterable[str] = ()) -> dict[str, Any]:
     """Flatten a record to one row: kind, status, config fields, metrics (nested names dotted when they clash; a
-    config field named like a metric as `config.<name>`); with `env`, also the environment as `env.<field>`
-    columns (`env.hostname`, `env.torch`, `env.threads`)."""
+    config field named like a metric as `config.<name>`, also where this record lacks the metric but others of
+    its table have it: `metric_names`, e.g. from `metric_names_of`); with `env`, also the environment as
+    `env.<field>` columns (`env.hostname`, `env.torch`, `env.threads`)."""
     row: dict[str, Any] = {"kind": record.get("kind"), "status": record.get("status")}
     flat: list[tuple[str, str, str, Any]] = []
     for section in ("config", "metrics"):
@@ -117,7 +118,8 @@ def record_row(record: dict[str, Any], *, env: bool = False) -> dict[str, Any]:
     for _, leaf, _, _ in flat:
         counts[leaf] = counts.get(leaf, 0) + 1
     names = [leaf if counts[leaf] == 1 and leaf not in ("kind", "status") else dotted for _, leaf, dotted, _ in flat]
-    metric_names = {name for (section, *_), name in zip(flat, names, strict=True) if section == "metrics"}
+    metric_names = {name for (section, *_), name in zip(flat, names, strict=True) if section == "metrics"} | set(
+        metric_names)
     for (section, _, dotted, value), name in zip(flat, names, strict=True):
         # a config field named like a metric (`threads`: asked for, None by default, vs used): the metric keeps
         # the name, the config value is `config.<name>`
@@ -179,6 +181,11 @@ def default_columns(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, 
     if any("note" in row for row in rows):
         columns.append("note")
     return columns
+
+
+def metric_names_of(records: Sequence[dict[str, Any]]) -> set[str]:
+    """The metric columns of a set of records (what `record_row` moves a same-named config field away from)."""
+    return set(columns_of(layout_rows(records, "metrics")))
 
 
 def layout_rows(records: Sequence[dict[str, Any]], section: str) -> list[dict[str, Any]]:

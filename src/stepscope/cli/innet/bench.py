@@ -16,6 +16,7 @@ from stepscope.cli.options import (
     one_value,
     parse_list,
     positive_int,
+    unique,
 )
 from stepscope.cli.options import innet as innet_options
 from stepscope.distributed.collectives.points import CALL_MODES
@@ -60,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.innet.bench import run_bench
 
     config = BenchConfig(world=innet_options.world(args),
-                         sizes_bytes=tuple(parse_list(args.sizes, innet_options.size_bytes, "--sizes")),
-                         modes=tuple(parse_list(args.mode, choice(*CALL_MODES), "--mode")),
+                         sizes_bytes=tuple(unique(parse_list(args.sizes, innet_options.size_bytes, "--sizes"))),
+                         modes=tuple(unique(parse_list(args.mode, choice(*CALL_MODES), "--mode"))),
                          batch=one_value(args.batch, positive_int, "--batch"),
                          warmup=one_value(args.warmup, non_negative_int, "--warmup"),
                          iters=one_value(args.iters, positive_int, "--iters"),

@@ -19,6 +19,7 @@ from stepscope.cli.options import (
     parse_list,
     positive_float,
     positive_int,
+    unique,
 )
 from stepscope.cli.options.innet import size_bytes
 from stepscope.distributed.collectives.sizes import format_bytes
@@ -78,7 +79,7 @@ def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
                  stall_prob=one_value(args.stall_prob, float, "--stall-prob"),
                  stall_us=one_value(args.stall_us, float, "--stall-us"), quantized=not args.int32, seed=args.seed,
                  **(straggler_settings(args.straggler) if args.straggler else {}))
-    swept = {name: parse_list(getattr(args, name), convert, f"--{name.replace('_', '-')}")
+    swept = {name: unique(parse_list(getattr(args, name), convert, f"--{name.replace('_', '-')}"))
              for name, convert in SWEEPS.items()}
     return [SimConfig(**fixed, **dict(zip(swept, values, strict=True)))
             for values in itertools.product(*swept.values())]

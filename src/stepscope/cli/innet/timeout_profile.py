@@ -12,10 +12,12 @@ from stepscope.cli.options import (
     add_output_options,
     add_seed_option,
     choice,
+    non_negative_float,
     one_value,
     parse_list,
     positive_float,
     positive_int,
+    unique,
 )
 from stepscope.cli.options import innet as innet_options
 from stepscope.distributed.collectives.sizes import format_bytes
@@ -46,11 +48,11 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.innet.timeout_profile import profile_table, run_profile, throughput_table
 
     config = ProfileConfig(world=innet_options.world(args), k=innet_options.optional_k(args.k),
-                           sto_ms=tuple(parse_list(args.sto_ms, float, "--sto-ms")),
-                           rto_ms=tuple(parse_list(args.rto_ms, positive_float, "--rto-ms")),
+                           sto_ms=tuple(unique(parse_list(args.sto_ms, non_negative_float, "--sto-ms"))),
+                           rto_ms=tuple(unique(parse_list(args.rto_ms, positive_float, "--rto-ms"))),
                            size_bytes=one_value(args.size, innet_options.size_bytes, "--size"),
                            ops=one_value(args.ops, positive_int, "--ops"),
-                           workloads=tuple(parse_list(args.workload, choice(*WORKLOADS), "--workload")),
+                           workloads=tuple(unique(parse_list(args.workload, choice(*WORKLOADS), "--workload"))),
                            seed=args.seed, job=innet_options.job_config(args, timers=False))
     outcome = run_profile(config, args.out, switch=args.switch)
     if outcome is None:  # not rank 0 under torchrun/Slurm: rank 0 reports

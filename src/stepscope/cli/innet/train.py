@@ -17,6 +17,7 @@ from stepscope.cli.options import (
     parse_list,
     positive_float,
     positive_int,
+    unique,
 )
 from stepscope.cli.options import innet as innet_options
 from stepscope.cli.options.model import add_model_options
@@ -71,7 +72,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
                        seq=one_value(args.seq, positive_int, "--seq"),
                        steps=one_value(args.steps, positive_int, "--steps"),
                        warmup=one_value(args.warmup, positive_int, "--warmup"),
-                       ks=None if args.k is None else tuple(parse_list(args.k, positive_int, "-k")),
+                       ks=None if args.k is None else tuple(unique(parse_list(args.k, positive_int, "-k"))),
                        gloo=not args.no_gloo, ddp=one_value(args.ddp, choice(*DDP_KINDS), "--ddp"),
                        bucket_mb=one_value(args.bucket_mb, positive_float, "--bucket-mb"),
                        lr=one_value(args.lr, positive_float, "--lr"), seed=args.seed,

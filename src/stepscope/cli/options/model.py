@@ -41,13 +41,16 @@ def overrides_given(args: argparse.Namespace) -> bool:
 
 def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
     """Every combination of the listed presets and listed field overrides, validated."""
-    names = parse_list(args.model, str, "--model")
+    # an A/B run may compare a setup with itself (A/A); a sweep measures each point once
+    once = (lambda values: values) if getattr(args, "ab", False) else unique
+    names = once(parse_list(args.model, str, "--model"))
     override_lists: list[tuple[str, list[Any]]] = []
     for name, _ in override_fields():
         text = getattr(args, f"override_{name}", None)
         if text is not None:
             option = f"--{name.replace('_', '-')}"
-            override_lists.append((name, parse_list(text, lambda item, n=name: parse_field_value(n, item), option)))
+            override_lists.append((name, once(parse_list(text, lambda item, n=name: parse_field_value(n, item),
+                                                         option))))
     specs = []
     for preset in names:
         for values in itertools.product(*(values for _, values in override_lists)):
@@ -103,8 +106,9 @@ def step_configs(args: argparse.Namespace, warmups: list[int], iters: list[int])
     """A `StepConfig` per combination of the listed model, workload, warmup, iters and threads values."""
     from stepscope.nn.moe import MOE_IMPLS  # only when configs are made: building the parser stays torch-free
 
-    impls = parse_list(args.moe_impl, choice(*MOE_IMPLS), "--moe-impl")
+    once = (lambda values: values) if getattr(args, "ab", False) else unique
+    impls = once(parse_list(args.moe_impl, choice(*MOE_IMPLS), "--moe-impl"))
     return [StepConfig(model=spec, workload=workload, attention=attention, device=args.device, compile=args.compile,
                        warmup=warmup, iters=n, threads=threads, seed=args.seed, moe_impl=impl)
             for (spec, workload, attention), impl, warmup, n, threads
-            in itertools.product(workload_grid(args), impls, warmups, iters, threads_list(args))]
+            in itertools.product(workload_grid(args), impls, once(warmups), once(iters), once(threads_list(args)))]
