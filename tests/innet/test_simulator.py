@@ -8,7 +8,8 @@ import pytest
 
 from stepscope.errors import UsageError
 from stepscope.innet.faults import FaultConfig
-from stepscope.innet.simulator import SimConfig, ideal_bounds, simulate
+from stepscope.innet.sim_config import SimConfig
+from stepscope.innet.simulator import ideal_bounds, simulate
 from tests.innet.conftest import job, run_ranks
 
 COUNTERS = ("ok", "to", "kr", "re", "dup", "old")

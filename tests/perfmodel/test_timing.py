@@ -13,9 +13,8 @@ from stepscope.perfmodel.collectives import (
     ring_all_reduce,
     tree_all_reduce,
 )
-from stepscope.perfmodel.evaluate import reductions
 from stepscope.perfmodel.memory import state_bytes
-from stepscope.perfmodel.timing import bucket_layout, dp_exposed, zero3_gathers
+from stepscope.perfmodel.timing import bucket_layout, dp_exposed, gradient_reductions, zero3_gathers
 from stepscope.spec import Workload, get_preset
 from stepscope.spec.plan import ParallelPlan
 from stepscope.spec.system import load_system
@@ -117,9 +116,9 @@ def test_fsdp_under_a_pipeline_schedule_reduces_and_gathers_once_per_round():
     one = evaluate(spec, workload, plan, system)
     two = evaluate(spec, workload, plan.replace(pipeline_rounds=2), system)
     assert two.breakdown["dp_comm"] == pytest.approx(2 * one.breakdown["dp_comm"])
-    assert reductions(plan, 16) == 1 and reductions(plan.replace(pipeline_rounds=4), 16) == 4
-    assert reductions(plan.replace(pp=1), 16) == 16  # no schedule: sharded gradients per micro-batch
-    assert reductions(plan.replace(pp=1, zero=1), 16) == 1
+    assert gradient_reductions(2, 1, 3, 16) == 1 and gradient_reductions(2, 4, 3, 16) == 4  # once per round
+    assert gradient_reductions(1, 1, 3, 16) == 16  # no schedule: sharded gradients per micro-batch
+    assert gradient_reductions(1, 1, 1, 16) == 1
     # at the peak only the optimizer state is sharded: the memory of ZeRO-1
     zero1 = evaluate(spec, workload, plan.replace(zero=1), system).memory
     assert (one.memory.weights, one.memory.grads, one.memory.optimizer) == pytest.approx(

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.innet.faults import StragglerSpec
-from stepscope.innet.simulator import SimConfig, simulate
+from stepscope.innet.sim_config import SimConfig
+from stepscope.innet.simulator import simulate
 from stepscope.results.environment import base_environment
 from stepscope.results.store import RecordStore
 from stepscope.results.sweep import Sweep

@@ -27,6 +27,7 @@ from stepscope.perfmodel.timing import (
     dispatcher_sm_share,
     dp_exposed,
     exposed,
+    gradient_reductions,
     op_time,
     optimizer_time,
     overlapped_exchange,
@@ -233,7 +234,8 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
             if experts:
                 times = [collective_time(kind, b * gb, n_edp, layout["edp"], network)
                          for b in bucket_layout(experts, bucket_cap_MiB * 2**20 / gb)] + times
-            reduce_s = reductions(plan, m) * dp_exposed(times, stage_bwd.total_s, plan.dp_overlap)
+            reductions = gradient_reductions(plan.pp, plan.pipeline_rounds, plan.zero, m)
+            reduce_s = float(reductions * dp_exposed(times, stage_bwd.total_s, plan.dp_overlap))
         if backward and plan.zero >= 1 and replicas > 1:  # HSDP: the reduced shards all-reduced across replicas
             shard_times = [collective_time("all-reduce", b / shard * gb, replicas, layout["replica"], network)
                            for b in buckets]
@@ -302,16 +304,6 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
                       breakdown=breakdown, model_flops=model_flops, hardware_flops=model_flops + recompute_flops,
                       peak_flops=acc.matrix_peak(act), memory=mem,
                       extras={"layout": layout, "params_per_gpu": params + experts, "pace_stage": pace.name})
-
-
-def reductions(plan: ParallelPlan, micro_batches: int) -> int:
-    """Gradient reductions per step. Under a pipeline schedule (torch.distributed.pipelining's
-    `backward_maybe_with_nosync`; Megatron's 1F1B) gradients accumulate through a round's micro-batches and are
-    reduced at its last backward, FSDP's sharded ones too: once per round. Without one, sharded gradients (ZeRO-2/3)
-    have no full-size buffer to accumulate micro-batches into: they are reduced after every micro-batch."""
-    if plan.pp > 1:
-        return plan.pipeline_rounds
-    return micro_batches if plan.zero >= 2 else 1
 
 
 def gathered_bytes(fp8_params: float, params: float, act_bytes: int, g: Geometry) -> float:

@@ -14,7 +14,7 @@ peak when the first holds fewer layers), the last one; interleaved with v chunks
 the second p + (p−3)/v, the last p − (p−1)/v. The last stage also holds the logits and fp32 loss tensors.
 ZeRO/FSDP shards over `plan.shard` ranks (HSDP replicas hold copies); FSDP without resharding after forward
 keeps the stage's gathered weights. Under a pipeline schedule (pp > 1, with a backward pass) ZeRO-2/3 keep the
-stage's unsharded gradients and gathered weights through a round (`evaluate.reductions`): ZeRO-1's memory.
+stage's unsharded gradients and gathered weights through a round (`timing.gradient_reductions`): ZeRO-1's memory.
 Mixture-of-Experts: the routed experts' weights are 1/ep per GPU with their state sharded over the `expert_dp`
 ranks holding the same experts; a MoE block keeps what its ops save (`ops_moe.py`, the expert activations
 scaled by the load imbalance of the busiest rank).

@@ -15,7 +15,7 @@ overlap and the optimizer step (scalar reference; `vectorized.py` has the array 
 - Data-parallel reduction overlaps the last micro-batch's backward, except the last bucket, which can
   only start when backward ends: exposed = max(reduce − backward window, last bucket) when overlapped.
   Without a pipeline, sharded gradients (ZeRO-2/3) are reduced after every micro-batch's backward; under a
-  pipeline schedule every stage reduces once per round (`evaluate.reductions`).
+  pipeline schedule every stage reduces once per round (`gradient_reductions`).
 """
 
 from __future__ import annotations
@@ -147,3 +147,11 @@ def zero3_gathers(pp, rounds, micro_batches, backward: bool, reshard_after_forwa
         warm_up = rounds * np.minimum(pp, m // rounds)
         return np.where(pipelined, warm_up, m), m
     return np.where(pipelined, rounds, m), 0
+
+
+def gradient_reductions(pp, rounds, zero, micro_batches):
+    """Gradient reductions per step; ints or arrays. Under a pipeline schedule (torch.distributed.pipelining's
+    `backward_maybe_with_nosync`; Megatron's 1F1B) gradients accumulate through a round's micro-batches and are
+    reduced at its last backward, FSDP's sharded ones too: once per round. Without one, sharded gradients (ZeRO-2/3)
+    have no full-size buffer to accumulate micro-batches into: they are reduced after every micro-batch."""
+    return np.where(pp > 1, rounds, np.where(zero >= 2, micro_batches, 1))

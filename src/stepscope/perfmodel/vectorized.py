@@ -17,7 +17,7 @@ import numpy as np
 from stepscope.perfmodel.candidates import Candidates
 from stepscope.perfmodel.machine import Machine
 from stepscope.perfmodel.ops import activation_precision
-from stepscope.perfmodel.timing import DEFAULT_BUCKET_MIB, zero3_gathers
+from stepscope.perfmodel.timing import DEFAULT_BUCKET_MIB, gradient_reductions, zero3_gathers
 from stepscope.perfmodel.vectorized_terms import group_terms
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
 from stepscope.spec.system import SystemSpec
@@ -142,8 +142,7 @@ def _assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candid
     if moe:  # expert gradients (`experts_apart`), launched before the others
         total_t = total_t + np.where(is_ar, T["ar_exp"], T["rs_exp"])
     reduce_s = np.maximum(total_t - stage_bwd, last_t) if c.dp_overlap else total_t
-    # `evaluate.reductions`: once per pipeline round, else after every micro-batch for sharded gradients
-    reduce_s = np.where(single, np.where(zero >= 2, m, 1.0), c.pipeline_rounds) * reduce_s
+    reduce_s = gradient_reductions(T["pp"], c.pipeline_rounds, zero, m) * reduce_s
     # HSDP: the reduced gradient shards all-reduced across the replicas, once a step
     hsdp_t = T["n_full"] * T["hsdp_full"] + T["hsdp_last"]
     hsdp_s = np.maximum(hsdp_t - stage_bwd, T["hsdp_last"]) if c.dp_overlap else hsdp_t

@@ -301,8 +301,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     fused = qk_bytes + v_bytes + lse
     s_x_s = scores_el * e + (scores_el * (e + mask) if mask else 0.0)
     per_round = np.where(c.pp > 1, m // c.pipeline_rounds, m)  # a pipeline round holds at most its own
-    held_first, held_mid, held_last = (held_micro_batches(c.pp, rank, c.interleave, per_round)
-                                       for rank in (0, 1, c.pp - 1))
+    held_first, held_mid, held_last = (held_micro_batches(c.pp, r, c.interleave, per_round) for r in (0, 1, c.pp - 1))
     # inference keeps only the largest tensor one layer saves (memory.py's forward working set)
     core = np.where(flash, fused, np.maximum.reduce([qk_bytes, v_bytes, scores_el * (e + mask)]))
     terms.update({

@@ -23,7 +23,7 @@ from stepscope.cli.options import (
 )
 from stepscope.cli.options.innet import size_bytes
 from stepscope.distributed.collectives.sizes import format_bytes
-from stepscope.innet.simulator import SimConfig
+from stepscope.innet.sim_config import SimConfig
 
 NAME = "simulate"
 HELP = "discrete-event model of the protocol at line rate"
