@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from stepscope.cli.options import (
     add_device_option,
@@ -22,6 +23,8 @@ from stepscope.cli.options import (
 from stepscope.measure.step.config import StepConfig
 from stepscope.spec import MODES, PRECISIONS, ModelSpec, Workload, get_preset, parse_field_value
 from stepscope.spec.overrides import override_fields
+
+T = TypeVar("T")
 
 
 def add_model_options(parser: argparse.ArgumentParser, default: str = "small") -> None:
@@ -39,10 +42,15 @@ def overrides_given(args: argparse.Namespace) -> bool:
     return any(getattr(args, f"override_{name}", None) is not None for name, _ in override_fields())
 
 
+def listed_once(args: argparse.Namespace) -> Callable[[list[T]], list[T]]:
+    """How a list option's values become points: each once (`unique`), except in an A/B run, which may compare
+    a setup with itself (A/A)."""
+    return (lambda values: values) if getattr(args, "ab", False) else unique
+
+
 def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
     """Every combination of the listed presets and listed field overrides, validated."""
-    # an A/B run may compare a setup with itself (A/A); a sweep measures each point once
-    once = (lambda values: values) if getattr(args, "ab", False) else unique
+    once = listed_once(args)
     names = once(parse_list(args.model, str, "--model"))
     override_lists: list[tuple[str, list[Any]]] = []
     for name, _ in override_fields():
@@ -81,8 +89,7 @@ def add_workload_options(parser: argparse.ArgumentParser, step_config: type) -> 
 def workload_grid(args: argparse.Namespace) -> list[tuple[ModelSpec, Workload, str]]:
     """(spec, workload, attention) for every combination of the listed values, validated."""
     specs = model_specs(args)
-    # an A/B run may compare a setup with itself (A/A); a sweep measures each point once
-    once = (lambda values: values) if getattr(args, "ab", False) else unique
+    once = listed_once(args)
     batches = once(parse_list(args.batch, positive_int, "--batch"))
     seqs = once(parse_list(args.seq, positive_int, "--seq"))
     modes = once(parse_list(args.mode, choice(*MODES), "--mode"))
@@ -106,7 +113,7 @@ def step_configs(args: argparse.Namespace, warmups: list[int], iters: list[int])
     """A `StepConfig` per combination of the listed model, workload, warmup, iters and threads values."""
     from stepscope.nn.moe import MOE_IMPLS  # only when configs are made: building the parser stays torch-free
 
-    once = (lambda values: values) if getattr(args, "ab", False) else unique
+    once = listed_once(args)
     impls = once(parse_list(args.moe_impl, choice(*MOE_IMPLS), "--moe-impl"))
     return [StepConfig(model=spec, workload=workload, attention=attention, device=args.device, compile=args.compile,
                        warmup=warmup, iters=n, threads=threads, seed=args.seed, moe_impl=impl)
