@@ -19,9 +19,12 @@ mkdir -p "$RESULTS" "$ARCHIVE"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 S="python3 -m stepscope"
 LOG="$RESULTS/log.txt"
+# PARTS=op-rates,attention,... runs only those parts (default: all)
+PARTS=${PARTS:-all}
 part() {  # part SECONDS NAME COMMAND...: run one part under a time limit, its output into the log
   local limit=$1 name=$2
   shift 2
+  [ "$PARTS" = all ] || [[ ",$PARTS," == *",$name,"* ]] || return 0
   echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*" | tee -a "$LOG"
   timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$LOG"
   echo "=== $name: exit ${PIPESTATUS[0]}" | tee -a "$LOG"
@@ -34,7 +37,10 @@ part() {  # part SECONDS NAME COMMAND...: run one part under a time limit, its o
 part 20 environment bash -c "nvidia-smi --query-gpu=name,power.limit,power.max_limit,clocks.max.sm,memory.total \
   --format=csv; python3 -c 'import torch, triton; print(torch.__version__, triton.__version__, \
   torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).multi_processor_count)'"
-part 150 gemm-shapes python3 -m stepscope.measure.gemm_shapes --out "$RESULTS/gemm_shapes.json"
+# the SM clock, power and temperature every half second while the rates are measured (sustained or burst)
+part 200 op-rates bash -c "nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv \
+  -lms 500 > '$RESULTS/op_rates_smi.csv' & python3 -m stepscope.measure.op_rates --out '$RESULTS/op_rates.json'; \
+  status=\$?; kill %1; exit \$status"
 part 120 step-llama $S step --model llama3-8b --n-layers 4 --seq 2048,8192 --batch 1,2 --precision bf16 \
   --mode train --warmup 3 --iters 8 --device cuda --out "$RESULTS/records"
 part 90 step-moe $S step --model qwen3-30b-a3b --n-layers 2 --seq 4096 --batch 1 --precision bf16 \
@@ -42,6 +48,8 @@ part 90 step-moe $S step --model qwen3-30b-a3b --n-layers 2 --seq 4096 --batch 1
 part 120 attention $S attention --grid gpu-goal --impl sdpa,flash-triton --device cuda --out "$RESULTS/records"
 part 50 profile $S profile --model llama3-8b --n-layers 2 --seq 2048 --batch 1 --precision bf16 --device cuda \
   --nvtx --trace "$RESULTS/trace" --out "$RESULTS/records"
+part 50 profile-moe $S profile --model qwen3-30b-a3b --n-layers 2 --seq 2048 --batch 1 --precision bf16 \
+  --device cuda --out "$RESULTS/records"
 part 40 memory $S memory --model small --batch 8 --seq 512 --precision bf16 --device cuda \
   --snapshot "$RESULTS/snapshot.pickle" --out "$RESULTS/records"
 part 120 step-compiled $S step --model llama3-8b --n-layers 4 --seq 8192 --batch 1 --precision bf16 --compile \

@@ -18,8 +18,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-MASKED = -1.0e6  # the score of a masked pair: exp2(-1e6 - m) == 0, and never NaN as -inf - -inf would be
-LOG2E = 1.4426950408889634
+# Globals a kernel reads must be constexpr: the GPU compiler refuses plain Python globals (Triton's interpreter,
+# which runs these kernels on CPU, accepts them, so only a GPU found this).
+MASKED = tl.constexpr(-1.0e6)  # a masked pair's score: exp2(-1e6 - m) == 0, never NaN as -inf - -inf would be
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit

@@ -116,6 +116,8 @@ def _host_work(events: Sequence[Any], phase_of: _PhaseLookup, classifier: _Class
 
 def _kernel_work(events: Sequence[Any], phase_of: _PhaseLookup, classifier: _Classifier) -> list[Work]:
     """Every kernel's device time, in the phase and category of the op that launched it."""
+    if events and not hasattr(events[0], "linked_correlation_id"):
+        return _kernel_work_by_op(events, phase_of, classifier)
     # kernels link to the correlation id of the frontend op that launched them (linked id 0 itself);
     # runtime calls such as cudaLaunchKernel carry ids from another counter, so they are left out
     ops_by_id = {e.id: e for e in events if _is_host(e) and not e.linked_correlation_id}
@@ -131,6 +133,24 @@ def _kernel_work(events: Sequence[Any], phase_of: _PhaseLookup, classifier: _Cla
         seconds = (kernel.time_range.end - kernel.time_range.start) / 1e6
         piece = moe_piece(category, classifier.classify(op)[1]) if op is not None else None
         work.append(Work(phase, category, short_name(kernel.name), seconds, id(kernel), piece))
+    return work
+
+
+def _kernel_work_by_op(events: Sequence[Any], phase_of: _PhaseLookup, classifier: _Classifier) -> list[Work]:
+    """`_kernel_work` where FunctionEvents do not carry the kernel's link (torch 2.11 has no
+    `linked_correlation_id`): every torch release lists on each op the kernels it launched (name, device, µs);
+    kernels no op launched are then not seen."""
+    work = []
+    for op in events:
+        if not _is_host(op) or not op.kernels:
+            continue
+        phase = phase_of(op.time_range.start)
+        if phase is None:
+            continue
+        for kernel in op.kernels:
+            category = classifier.category(op, extra=kernel.name)
+            work.append(Work(phase, category, short_name(kernel.name), kernel.duration / 1e6, id(kernel),
+                             moe_piece(category, classifier.classify(op)[1])))
     return work
 
 
