@@ -8,12 +8,14 @@ import pytest
 
 from stepscope.errors import UsageError
 from stepscope.perfmodel import ops
+from stepscope.perfmodel.candidates import Candidates
 from stepscope.perfmodel.collectives import collective_time
 from stepscope.perfmodel.evaluate import evaluate, geometry
 from stepscope.perfmodel.memory import GiB
 from stepscope.perfmodel.search import SearchSpace, search
 from stepscope.perfmodel.stages import held_micro_batches
-from stepscope.perfmodel.timing import bucket_layout
+from stepscope.perfmodel.timing import bucket_layout, op_time
+from stepscope.perfmodel.vectorized import evaluate_many
 from stepscope.spec import Workload, get_preset
 from stepscope.spec.plan import ParallelPlan
 from stepscope.spec.system import load_system
@@ -124,7 +126,7 @@ def test_fp8_without_cast_costs_and_at_the_bf16_rate_is_bf16(monkeypatch):
     plan = ParallelPlan(dp=8, tp=8, pp=4, micro_batch=1, zero=1, sequence_parallel=True)
     bf16, fp8 = (Workload(batch=64, seq=8192, precision=p) for p in ("bf16", "fp8"))
     same_rate = dataclasses.replace(H100, accelerator=dataclasses.replace(
-        H100.accelerator, matrix_TFLOPps={**H100.accelerator.matrix_TFLOPps, "fp8": 989.0}))
+        H100.accelerator, matrix_TFLOPps={**H100.accelerator.matrix_TFLOPps, "fp8": 989.0}, fp8_efficiency=1.0))
     monkeypatch.setattr(ops, "FP8_CAST_BYTES", {"delayed": 0, "current": 0, "blockwise": 0})
     monkeypatch.setattr(ops, "FP8_CAST_FLOPS", 0.0)
     monkeypatch.setattr(ops, "FP8_CAST_KERNELS", 0)
@@ -154,6 +156,28 @@ def test_fp8_cast_bytes_and_gemm_rate_by_hand():
     bf16 = evaluate(spec, Workload(batch=8, seq=4096, precision="bf16"), ParallelPlan(dp=8), H100)
     fp8 = evaluate(spec, Workload(batch=8, seq=4096, precision="fp8"), ParallelPlan(dp=8), H100)
     assert 1.0 < bf16.step_s / fp8.step_s < 2.0  # fp8 GEMMs at twice the rate, the rest unchanged
+
+
+def test_fp8_efficiency_slows_the_fp8_gemms_alone():
+    """`Accelerator.fp8_efficiency` scales the efficiency of fp8 GEMMs only: an fp8 linear layer's compute time
+    is divided by it, attention (bf16) and bf16 runs do not move; both evaluators agree."""
+    spec = get_preset("llama3-8b")
+    plan = ParallelPlan(dp=8, micro_batch=1)
+    g = geometry(plan, Workload(batch=8, seq=4096, precision="fp8"))
+    layer = {op.name: op for op in ops.layer_ops(spec, g)}
+    full, half = (dataclasses.replace(H100.accelerator, fp8_efficiency=x) for x in (1.0, 0.5))
+    for name, precision, ratio in (("qkv", "fp8", 2.0), ("flash_attention", "bf16", 1.0)):
+        op = layer[name]
+        slow, fast = (op_time(op.forward, op.kind, acc, precision).compute_s for acc in (half, full))
+        assert slow == pytest.approx(ratio * fast, rel=1e-12)
+    for precision in ("bf16", "fp8"):
+        workload = Workload(batch=8, seq=4096, precision=precision)
+        system = dataclasses.replace(H100, accelerator=half)
+        reference = evaluate(spec, workload, plan, system).step_s
+        assert evaluate_many(spec, workload, system, Candidates.from_plans([plan]))["step_s"][0] == pytest.approx(
+            reference, rel=1e-9)
+        unchanged = evaluate(spec, workload, plan, dataclasses.replace(H100, accelerator=full)).step_s
+        assert (reference > unchanged) if precision == "fp8" else (reference == unchanged)
 
 
 def test_the_search_finds_uneven_layouts_where_even_ones_cannot_exist():

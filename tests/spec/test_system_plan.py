@@ -57,7 +57,9 @@ def test_system_file_errors_are_one_line(tmp_path):
                             (text.replace("[network]", "[network]\nspeed = 3"), "unknown key 'speed'"),
                             (text.replace("fp32 = 0.18", "fp64x = 0.18"), "unknown precision 'fp64x'"),
                             (text.replace("domain_size = 8\n", ""), "missing key 'domain_size'"),
-                            (text.replace("[[0.001, 0.3], [0.01", "[[0.01, 0.3], [0.001"), "must increase")]:
+                            (text.replace("[[0.001, 0.3], [0.01", "[[0.01, 0.3], [0.001"), "must increase"),
+                            (text.replace("fp8_efficiency = 1.0", "fp8_efficiency = 1.2"),
+                             "fp8_efficiency must be at most 1.0")]:
         path = tmp_path / "edited.toml"
         path.write_text(broken)
         with pytest.raises(UsageError, match=message):

@@ -3,7 +3,7 @@ overlap and the optimizer step (scalar reference; `vectorized.py` has the array 
 
 - An op takes max(compute, memory) + kernels x overhead, where compute = FLOPs / (peak·η(FLOPs per
   kernel)) for matrix ops (η from the system's efficiency curve, times `flash_efficiency` for fused
-  attention) and FLOPs / vector peak for elementwise ops; memory = bytes / (HBM bandwidth·efficiency).
+  attention and `fp8_efficiency` for fp8 GEMMs) and FLOPs / vector peak for elementwise ops; memory = bytes / (HBM bandwidth·efficiency).
 - A tensor/context-parallel collective is exposed, unless the plan overlaps it with its op, in which case
   only what exceeds the op's compute time shows (TP collectives only when the TP group is inside one fast
   domain: `Collective.hides`).
@@ -60,6 +60,8 @@ def op_time(cost: Cost, kind: str, accelerator: Accelerator, precision: str) -> 
         efficiency = accelerator.efficiency(cost.flops / max(cost.kernels, 1))
         if kind == "attention":
             efficiency *= accelerator.flash_efficiency
+        if precision == "fp8":
+            efficiency *= accelerator.fp8_efficiency
         compute = cost.flops / (accelerator.matrix_peak(precision) * efficiency) if cost.flops else 0.0
     memory = cost.bytes / accelerator.memory_bytes_per_s
     return OpTime(compute, memory, cost.kernels * accelerator.kernel_overhead_us * 1e-6)

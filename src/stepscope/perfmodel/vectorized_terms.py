@@ -48,7 +48,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     backward = mode != "fwd"
     e = bytes_per_element(act_precision)
     fp8 = precision == "fp8"
-    f8 = system.accelerator.matrix_peak("fp8") / mc.peak if fp8 else 1.0  # rate of the fp8 GEMMs vs 16-bit
+    f8 = system.accelerator.matrix_peak("fp8") / mc.peak * system.accelerator.fp8_efficiency if fp8 else 1.0  # vs 16b
     ge = 1 if fp8 else e  # bytes of a linear layer's inputs and weights (read, and saved for backward)
     h, q, kv, f, vocab, seq = spec.d_model, spec.q_dim, spec.kv_dim, spec.d_ff, spec.vocab_size, workload.seq
     heads, gated = spec.n_heads, spec.mlp == "swiglu"

@@ -53,6 +53,8 @@ class Accelerator:
     """Fraction of hbm_GBps that streaming (elementwise) kernels reach."""
     flash_efficiency: float = 0.8
     """Fused attention kernels reach this fraction of the matrix efficiency of an equal-sized GEMM."""
+    fp8_efficiency: float = 1.0
+    """fp8 GEMMs reach this fraction of the efficiency of an equal-sized 16-bit GEMM (each of its own peak)."""
     reserved_GiB: float = 0.0
     """Device memory not available to the model (runtime context, communication buffers, fragmentation)."""
     sm_count: int = 0
@@ -242,6 +244,8 @@ def system_from_dict(data: dict[str, Any], source: str = "system") -> SystemSpec
                                     "accelerator.memory_efficiency", at_most=1.0),
         flash_efficiency=_positive(acc.get("flash_efficiency", defaults["flash_efficiency"]),
                                    "accelerator.flash_efficiency"),
+        fp8_efficiency=_positive(acc.get("fp8_efficiency", defaults["fp8_efficiency"]),
+                                 "accelerator.fp8_efficiency", at_most=1.0),
         reserved_GiB=_positive(acc.get("reserved_GiB", defaults["reserved_GiB"]), "accelerator.reserved_GiB",
                                allow_zero=True),
         sm_count=_count(acc.get("sm_count", defaults["sm_count"]), "accelerator.sm_count"))
