@@ -3,7 +3,8 @@ overlap and the optimizer step (scalar reference; `vectorized.py` has the array 
 
 - An op takes max(compute, memory) + kernels x overhead, where compute = FLOPs / (peak·η(FLOPs per
   kernel)) for matrix ops (η from the system's efficiency curve, times `flash_efficiency` for fused
-  attention and `fp8_efficiency` for fp8 GEMMs) and FLOPs / vector peak for elementwise ops; memory = bytes / (HBM bandwidth·efficiency).
+  attention and `fp8_efficiency` for fp8 GEMMs) and FLOPs / vector peak for elementwise ops;
+  memory = bytes / (HBM bandwidth·efficiency).
 - A tensor/context-parallel collective is exposed, unless the plan overlaps it with its op, in which case
   only what exceeds the op's compute time shows (TP collectives only when the TP group is inside one fast
   domain: `Collective.hides`).
