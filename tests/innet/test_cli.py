@@ -7,6 +7,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from stepscope.errors import UsageError
 from stepscope.innet import InnetJob, JobConfig
 from stepscope.results.store import read_records
 from tests.conftest import STEPSCOPE, subprocess_env
@@ -131,3 +132,19 @@ def test_train_prints_bucket_lines_and_step_times(cli, tmp_path):
     assert sorted((r["config"]["backend"], r["config"]["k"]) for r in records) == [
         ("gloo", 3), ("gloo", 3), ("innet", 2), ("innet", 2), ("innet", 3), ("innet", 3)]
     assert all(r["metrics"]["step_ms_median"] > 0 for r in records)
+
+
+def test_train_takes_fastest_k_as_numbers_or_relative_to_world():
+    from stepscope.cli.innet.train import train_config
+    from stepscope.cli.main import build_parser
+
+    def ks(k: str) -> tuple[int, ...] | None:
+        return train_config(build_parser().parse_args(["innet", "train", "--model", "tiny", "--world", "4",
+                                                       "-k", k])).ks
+
+    assert ks("world,world-1,2") == (4, 3, 2)
+    assert ks("3,world-1") == (3,)  # duplicates dropped
+    with pytest.raises(UsageError):
+        ks("world-4")
+    with pytest.raises(UsageError):
+        ks("everyone")

@@ -46,7 +46,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     option("--seq", "tokens per sequence")
     option("--steps", "timed steps per scenario")
     option("--warmup", "untimed steps per scenario")
-    option(("-k", "--k"), "fastest-K values (default world,world-1)", field="ks")
+    option(("-k", "--k"), "fastest-K values: numbers, world, world-1 ... (default world,world-1)", field="ks")
     option("--ddp", "torch (DistributedDataParallel) or bucketed (DDPBucketed)")
     option("--bucket-mb", "gradient bucket cap (MiB)")
     parser.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline")
@@ -67,12 +67,22 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         raise UsageError("innet train takes one model (no sweeps)")
     spec = specs[0] if args.override_n_layers is not None else specs[0].replace(n_layers=CPU_LAYERS)
     straggler = {} if args.straggler is None else {"straggler": StragglerSpec.parse(args.straggler)}
-    return TrainConfig(model=spec, world=innet_options.world(args),
+    world = innet_options.world(args)
+
+    def k_value(text: str) -> int:  # 3, world or world-1 (as the default is written)
+        if text != "world" and not text.startswith("world-"):
+            return positive_int(text)
+        k = world - (positive_int(text[len("world-"):]) if text != "world" else 0)
+        if k < 1:
+            raise UsageError(f"-k {text} is {k} at world {world}: fastest-K needs at least 1 rank")
+        return k
+
+    return TrainConfig(model=spec, world=world,
                        batch=one_value(args.batch, positive_int, "--batch"),
                        seq=one_value(args.seq, positive_int, "--seq"),
                        steps=one_value(args.steps, positive_int, "--steps"),
                        warmup=one_value(args.warmup, positive_int, "--warmup"),
-                       ks=None if args.k is None else tuple(unique(parse_list(args.k, positive_int, "-k"))),
+                       ks=None if args.k is None else tuple(unique(parse_list(args.k, k_value, "-k"))),
                        gloo=not args.no_gloo, ddp=one_value(args.ddp, choice(*DDP_KINDS), "--ddp"),
                        bucket_mb=one_value(args.bucket_mb, positive_float, "--bucket-mb"),
                        lr=one_value(args.lr, positive_float, "--lr"), seed=args.seed,
