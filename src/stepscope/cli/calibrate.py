@@ -36,6 +36,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                            help=f"fit the efficiency of the runs' system to some runs of a shipped dataset "
                                 f"({', '.join(DATASETS)}) and predict its other runs")
     published.add_argument("--runs", default=None, help="run labels to fit (comma list; with --published)")
+    rates = parser.add_argument_group("from measured op rates instead of records")
+    rates.add_argument("--rates", default=None, metavar="FILES",
+                       help="JSON files of `python -m stepscope.measure.op_rates --out` (comma list): the "
+                            "curve's top, flash and fp8 efficiency of --base (the GPU's preset) from its rates at a "
+                            "model's own shapes")
     add_output_options(parser, resume=False)
 
 
@@ -45,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.published is not None:
         return run_published(args)
+    if args.rates is not None:
+        return run_rates(args)
 
     config = CalibrateConfig(records=tuple(args.records), where=tuple(args.where), base=args.base,
                              system_out=args.system_out, name=args.name,
@@ -77,6 +84,22 @@ def run_published(args: argparse.Namespace) -> int:
     printer.note(f"{outcome.base.name}: efficiency curve x {outcome.factor:.4f}, fitted to {', '.join(config.runs)}")
     printer.emit(outcome.rows, title="every run of that system: error before (base) and after (fitted)")
     printer.emit(outcome.summary(), title="fit (in-sample) and held-out (out-of-sample) error")
+    printer.note(f"system: {outcome.system_out}  (use it with --system {outcome.system_out})")
+    printer.note(f"records: {outcome.path}")
+    return 0
+
+
+def run_rates(args: argparse.Namespace) -> int:
+    """`--rates FILES`: the curve top, flash and fp8 efficiency of --base from measured op rates."""
+    from stepscope.cli.output import Printer
+    from stepscope.perfmodel.calibrate_rates import RatesCalibrationConfig, run_calibrate_rates
+
+    config = RatesCalibrationConfig(rates=tuple(parse_list(args.rates, str, "--rates")), base=args.base,
+                                    system_out=args.system_out, name=args.name)
+    outcome = run_calibrate_rates(config, args.out)
+    printer = Printer(args.format)
+    printer.note(f"{outcome.base.name} refined by the measured op rates of {', '.join(config.rates)}")
+    printer.emit(outcome.rows)
     printer.note(f"system: {outcome.system_out}  (use it with --system {outcome.system_out})")
     printer.note(f"records: {outcome.path}")
     return 0

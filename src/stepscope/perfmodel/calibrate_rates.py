@@ -1,0 +1,126 @@
+"""A system fitted to measured op rates: the GPU's matrix, fused-attention and fp8 rates at the shapes a model runs.
+
+`python -m stepscope.measure.op_rates --out FILE` times a model's own GEMMs (every pass), its causal attention per
+SDPA backend and its fp8 GEMMs on a GPU held at its power limit (`measure/op_rates.py`). From one or more such
+files this derives, by one rule fixed before any prediction is made with it:
+- the efficiency curve's top = the median measured fraction of the bf16 peak over the `dense` bf16 GEMMs; every
+  knot of the base curve is scaled by top / (the base curve's top), so its shape below stays the base's;
+- `flash_efficiency` = the cuDNN fused attention's FLOP-weighted rate (forward and backward rows pooled) over
+  that top (the fraction of an equal-sized GEMM's efficiency the fused kernel reaches);
+- `fp8_efficiency` = the median fp8 fraction of the fp8 peak over the same GEMMs, over the bf16 median.
+A part the files do not measure keeps the base's value and says so. The shipped H100-SXM, H200 and H800 presets
+are this rule applied to `docs/measurements/` (a test checks it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from stepscope.errors import UsageError
+from stepscope.perfmodel.runs import RunRecords
+from stepscope.results.files import check_writable_file
+from stepscope.spec.system import SystemSpec, load_system, system_to_toml
+
+ATTENTION_BACKEND = "cudnn"
+"""The fused-attention kernel the presets describe: cuDNN's, Transformer Engine's default on Hopper."""
+
+
+@dataclass(frozen=True)
+class RatesCalibrationConfig:
+    """Which op-rate files to read, the system they refine, and where the result goes."""
+
+    rates: tuple[str, ...] = ()
+    """JSON files written by `python -m stepscope.measure.op_rates --out`."""
+    base: str = "H100-SXM"
+    """System preset or TOML the measured rates refine (its peaks, memory and network stay)."""
+    system_out: str = "calibrated.toml"
+    """Where the fitted system TOML is written."""
+    name: str = ""
+    """Name of the fitted system ("": the base's name)."""
+
+
+@dataclass(frozen=True)
+class RatesCalibration:
+    """The fitted system and, per parameter, the base value, the fitted one and where it comes from."""
+
+    system: SystemSpec
+    base: SystemSpec
+    rows: list[dict[str, Any]]
+    system_out: Path
+    path: Path | None = None
+
+
+def read_rates(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
+    """Every row of the op-rate files (UsageError on a missing or malformed file)."""
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            rows += [dict(row) for row in data["rows"]]
+        except OSError as error:
+            raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"{path} is not an op-rates file (python -m stepscope.measure.op_rates --out)") from None
+    return rows
+
+
+def fitted_rates(rows: Sequence[dict[str, Any]], base: SystemSpec) -> tuple[SystemSpec, list[dict[str, Any]]]:
+    """`base` with the curve top, flash and fp8 efficiencies the rows measure (the module's rule)."""
+    acc = base.accelerator
+
+    def of_peak(family: str, variant: str) -> list[dict[str, Any]]:
+        return [r for r in rows if r.get("family") == family and r.get("variant") == variant]
+
+    bf16, fp8, attention = of_peak("dense", "bf16"), of_peak("dense", "fp8"), of_peak("attention", ATTENTION_BACKEND)
+    if not bf16:
+        raise UsageError("the op-rate files hold no dense bf16 GEMM rows: nothing to fit the curve to")
+    base_top = acc.matrix_efficiency_by_GFLOP[-1][1]
+    top = median(r["measured_of_peak"] for r in bf16)
+    knots = tuple((g, eta * top / base_top) for g, eta in acc.matrix_efficiency_by_GFLOP)
+    changes: dict[str, Any] = {"matrix_efficiency_by_GFLOP": knots}
+    out = [{"parameter": "efficiency curve top", "base": base_top, "fitted": top,
+            "source": f"median of {len(bf16)} bf16 GEMMs (knots scaled by {top / base_top:.4f})"}]
+    if attention:
+        rate = sum(r["flops"] for r in attention) / sum(r["flops"] / r["measured_of_peak"] for r in attention)
+        changes["flash_efficiency"] = rate / top
+        out.append({"parameter": "flash_efficiency", "base": acc.flash_efficiency, "fitted": rate / top,
+                    "source": f"{ATTENTION_BACKEND} attention at {rate:.3f} of the peak over {len(attention)} rows"})
+    else:
+        out.append({"parameter": "flash_efficiency", "base": acc.flash_efficiency, "fitted": acc.flash_efficiency,
+                    "source": f"kept: no {ATTENTION_BACKEND} attention rows"})
+    if fp8:
+        ratio = median(r["measured_of_peak"] for r in fp8) / top
+        changes["fp8_efficiency"] = min(1.0, ratio)
+        out.append({"parameter": "fp8_efficiency", "base": acc.fp8_efficiency, "fitted": min(1.0, ratio),
+                    "source": f"median of {len(fp8)} fp8 GEMMs over the bf16 median"})
+    else:
+        out.append({"parameter": "fp8_efficiency", "base": acc.fp8_efficiency, "fitted": acc.fp8_efficiency,
+                    "source": "kept: no fp8 GEMM rows"})
+    return dataclasses.replace(base, accelerator=dataclasses.replace(acc, **changes)), out
+
+
+def run_calibrate_rates(config: RatesCalibrationConfig, out: str | os.PathLike | None = None) -> RatesCalibration:
+    """Fit `config.base` to the op-rate files, write the system TOML and append one `calibrate-rates` record."""
+    if not config.rates:
+        raise UsageError("--rates needs at least one op-rates JSON file")
+    base = load_system(config.base)
+    target = check_writable_file(config.system_out, "the system")
+    records = RunRecords(out, "calibrate-rates")
+    system, rows = fitted_rates(read_rates(config.rates), base)
+    if config.name:
+        system = dataclasses.replace(system, name=config.name)
+    header = f"stepscope calibrate --rates {' '.join(map(str, config.rates))} --base {config.base}"
+    try:
+        target.write_text(system_to_toml(system, header=header), encoding="utf-8")
+    except OSError as error:
+        raise UsageError(f"cannot write {target}: {error.strerror or error}") from None
+    records.append({"rates": list(config.rates), "base": base.name, "system_out": str(target)},
+                   {row["parameter"].replace(" ", "_"): row["fitted"] for row in rows})
+    return RatesCalibration(system, base, rows, target, records.path)
