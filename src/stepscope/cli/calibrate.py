@@ -13,11 +13,12 @@ from stepscope.perfmodel.calibrate_run import CalibrateConfig
 from stepscope.perfmodel.published import DATASETS
 
 NAME = "calibrate"
-HELP = "fit a system TOML to measured step/attention/comm records"
+HELP = "fit a system TOML to measured records, published runs or measured op rates"
 DESCRIPTION = ("Fit the compute-efficiency curve, per-kernel overhead, streaming bandwidth and elementwise rate of "
                "a system to stepscope's own step records (least squares), plus flash efficiency from attention "
-               "records and link α/β from comm records when present; write a system TOML that predict, plan and "
-               "compare accept.")
+               "records and link α/β from comm records when present; or one curve factor to published runs "
+               "(--published); or the curve top, flash and fp8 efficiency to a GPU's measured op rates (--rates). "
+               "Writes a system TOML that predict, plan and compare accept.")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
