@@ -3,8 +3,9 @@
 The other kernel tests run the kernels under Triton's interpreter, which accepts Python the GPU compiler
 refuses: a plain float global read inside a kernel passed every interpreter test and failed to compile on
 the first real GPU (an H200). Triton's compiler needs no GPU to build a cubin for a named target, so every
-kernel, in every constexpr variant the launcher uses, is compiled here, in a fresh interpreter with
-TRITON_INTERPRET unset (the test session imported the kernels for the interpreter).
+kernel, causal or not and with ragged or even key tiles, is compiled here (bf16, head dim 64, one tile
+configuration), in a fresh interpreter with TRITON_INTERPRET unset (the test session imported the kernels for
+the interpreter).
 """
 
 import os

@@ -26,18 +26,22 @@ def test_the_hopper_presets_are_the_rule_applied_to_the_shipped_measurements():
         assert fitted.accelerator.fp8_efficiency == pytest.approx(preset.accelerator.fp8_efficiency, abs=5e-3)
 
 
+H100_PEAKS = {"bf16": 989.0, "fp8": 1979.0, "cudnn": 989.0}
+
+
 def rows_of(**measured: float) -> list[dict]:
-    """One GEMM row per variant at the given fractions of the peak, and cuDNN attention rows if asked."""
-    rows = [{"family": "dense", "variant": v, "measured_of_peak": x, "flops": 1e12}
-            for v, x in measured.items() if v in ("bf16", "fp8")]
+    """One GEMM row per variant at the given fractions of H100's peaks, and cuDNN attention rows if asked (each row
+    also states the fraction of the peak the measuring run compared with: 1, to show it is not the one used)."""
+    rows = [{"family": "dense", "variant": v, "measured_TFLOPps": x * H100_PEAKS[v], "measured_of_peak": 1.0,
+             "flops": 1e12} for v, x in measured.items() if v in ("bf16", "fp8")]
     if "cudnn" in measured:
-        rows += [{"family": "attention", "variant": "cudnn", "measured_of_peak": measured["cudnn"], "flops": f}
-                 for f in (1e11, 2.5e11)]
+        rows += [{"family": "attention", "variant": "cudnn", "measured_TFLOPps": measured["cudnn"] * 989.0,
+                  "measured_of_peak": 1.0, "flops": f} for f in (1e11, 2.5e11)]
     return rows
 
 
 def test_the_rule_by_hand_and_what_it_keeps():
-    base = load_system("A100-80GB")
+    base = load_system("H100-SXM")
     top = base.accelerator.matrix_efficiency_by_GFLOP[-1][1]
     system, rows = fitted_rates(rows_of(bf16=0.6, fp8=0.45, cudnn=0.3), base)
     acc = system.accelerator
@@ -51,6 +55,12 @@ def test_the_rule_by_hand_and_what_it_keeps():
     assert [row["source"].startswith("kept") for row in rows] == [False, True, True]
     with pytest.raises(UsageError, match="no dense bf16 GEMM rows"):
         fitted_rates(rows_of(fp8=0.5), base)
+    # fractions are of the base's peaks: the same rates on a GPU with twice the peak are half as efficient
+    b200 = load_system("B200")
+    doubled, _ = fitted_rates(rows_of(bf16=0.6 * b200.accelerator.matrix_peak("bf16") / 989e12), b200)
+    assert doubled.accelerator.matrix_efficiency_by_GFLOP[-1][1] == pytest.approx(0.6)
+    with pytest.raises(UsageError, match="no fp8 peak"):
+        fitted_rates(rows_of(bf16=0.6, fp8=0.5), load_system("A100-80GB"))
 
 
 def test_cli_writes_a_system_that_predict_accepts_and_bad_files_are_one_line(cli, tmp_path):

@@ -6,7 +6,8 @@ fused attention at `flash_efficiency` x η. A curve's top can be checked against
 - `dense` layouts (model:tp:tokens): the GEMMs of one transformer layer and of the output layer, each in its
   three passes as `torch.nn.Linear` runs them (forward x·Wᵀ, input gradient dY·W, weight gradient dYᵀ·x), in
   bf16 and in fp8 (`torch._scaled_mm`, per-tensor scales, on GPUs that have fp8 tensor cores);
-- `cube` sizes: n x n x n products, the curve below the model shapes;
+- `cube` sizes: n x n x n products, the curve below the model shapes (calls are launched back to back from
+  Python: products under ~20 µs, e.g. 1024³, time the launch rather than the GPU);
 - `moe` layouts (model:ep:tokens): the expert GEMMs of one GPU, balanced, as a padded batched matmul (what
   stepscope's grouped MoE path runs) and as `torch._grouped_mm` where torch has it, forward, bf16;
 - `attention` layouts (model:tp:seq): causal attention of one layer's local heads, per scaled-dot-product
@@ -37,8 +38,9 @@ from stepscope.spec import get_preset
 from stepscope.spec.system import load_system
 
 DENSE = ("llama3-8b:1:8192", "llama3-70b:4:4096", "llama3-405b:8:8192")
-"""dgxc-benchmarking's Llama 3.1 8B (TP1, CP2, seq 8192), 70B (TP4, CP2) and 405B (TP8, sequence parallel: the
-GEMMs see the whole gathered sequence) plans, as model:tp:tokens per GPU."""
+"""model:tp:tokens per GPU of validated runs: Llama 3 8B at 8K tokens without TP or CP (torchtitan's, Megatron-
+Bridge's), 70B as dgxc-benchmarking runs it (TP 4, CP 2: 4,096), 405B as Meta trained it (TP 8, CP 1, sequence
+parallel: the GEMMs see the whole gathered sequence)."""
 CUBES = (1024, 1448, 2048, 2896, 4096, 5792, 8192)
 MOE = ("qwen3-30b-a3b:16:4096", "deepseek-v3-gqa:64:4096", "mixtral-8x7b:8:4096")
 ATTENTION = ("llama3-8b:1:8192", "llama3-70b:4:8192", "llama3-405b:8:8192")
@@ -139,9 +141,9 @@ def _attention_thunk(op: MatrixOp, backend: str, device: torch.device) -> Callab
         return None
     q, k, v = (torch.randn(1, op.n, op.m, op.k, device=device, dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
-    if op.direction == "forward":
+    if op.direction == "forward":  # with autograd on: a training forward also writes the logsumexp
         def run():
-            with sdpa_kernel(chosen), torch.no_grad():
+            with sdpa_kernel(chosen):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         return run
     with sdpa_kernel(chosen):
@@ -223,7 +225,8 @@ def measure(ops: list[MatrixOp], system_name: str, rounds: int, min_s: float, pr
         op = ops[i]
         precision = "fp8" if variant == "fp8" else "bf16"
         peak = acc.matrix_peak(precision)
-        efficiency = acc.efficiency(op.flops) * (acc.flash_efficiency if op.family == "attention" else 1.0)
+        efficiency = (acc.efficiency(op.flops) * (acc.flash_efficiency if op.family == "attention" else 1.0)
+                      * (acc.fp8_efficiency if precision == "fp8" else 1.0))
         measured = op.flops / statistics.median(seconds)
         rows.append({**asdict(op), "variant": variant, "GFLOP": op.flops / 1e9, "measured_TFLOPps": measured / 1e12,
                      "measured_of_peak": measured / peak, "model_TFLOPps": efficiency * peak / 1e12,

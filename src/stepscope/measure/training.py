@@ -48,8 +48,8 @@ class TrainingStep:
         self.inputs = inputs.to(self.device)
         self.targets = targets.to(self.device) if targets is not None else None
         self.loss_fn, self.micro_batches = loss_fn, micro_batches
-        # on a GPU, AdamW's single fused kernel per parameter group, as training frameworks run it (and as the
-        # performance model times it); the default multi-tensor AdamW ran 3.3x as long on an H200
+        # on a GPU, AdamW's fused implementation (one pass over each chunk of tensors), as training frameworks run
+        # it and as the performance model times it; the default multi-tensor AdamW ran 3.3x as long on an H200
         # (docs/gpu-measurements.md)
         fused = {"fused": True} if optimizer == "adamw" and self.device.type == "cuda" else {}
         self.optimizer = (OPTIMIZERS[optimizer](self.model.parameters(), lr=lr, **fused)

@@ -8,7 +8,9 @@ files this derives, by one rule fixed before any prediction is made with it:
 - `flash_efficiency` = the cuDNN fused attention's FLOP-weighted rate (forward and backward rows pooled) over
   that top (the fraction of an equal-sized GEMM's efficiency the fused kernel reaches);
 - `fp8_efficiency` = the median fp8 fraction of the fp8 peak over the same GEMMs, over the bf16 median.
-A part the files do not measure keeps the base's value and says so. The shipped H100-SXM, H200 and H800 presets
+Medians for the GEMMs (many rows of one kind, robust to an outlier); a FLOP-weighted rate for attention, whose
+forward and backward are different kernels of different sizes. Fractions are of `--base`'s peaks. A part the
+files do not measure keeps the base's value and says so. The shipped H100-SXM, H200 and H800 presets
 are this rule applied to `docs/measurements/` (a test checks it).
 """
 
@@ -72,11 +74,17 @@ def read_rates(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
 
 
 def fitted_rates(rows: Sequence[dict[str, Any]], base: SystemSpec) -> tuple[SystemSpec, list[dict[str, Any]]]:
-    """`base` with the curve top, flash and fp8 efficiencies the rows measure (the module's rule)."""
+    """`base` with the curve top, flash and fp8 efficiencies the rows measure (the module's rule). Each row's
+    fraction of the peak is taken against `base`'s peaks (fp8 GEMMs against its fp8 peak, the rest bf16), not the
+    system the measuring run compared with."""
     acc = base.accelerator
+    if any(r.get("variant") == "fp8" for r in rows) and "fp8" not in acc.matrix_TFLOPps:
+        raise UsageError(f"the op-rate files hold fp8 GEMMs but {base.name} has no fp8 peak: wrong --base?")
 
     def of_peak(family: str, variant: str) -> list[dict[str, Any]]:
-        return [r for r in rows if r.get("family") == family and r.get("variant") == variant]
+        peak = acc.matrix_peak("fp8" if variant == "fp8" else "bf16")
+        return [{**r, "measured_of_peak": r["measured_TFLOPps"] * 1e12 / peak} for r in rows
+                if r.get("family") == family and r.get("variant") == variant]
 
     bf16, fp8, attention = of_peak("dense", "bf16"), of_peak("dense", "fp8"), of_peak("attention", ATTENTION_BACKEND)
     if not bf16:

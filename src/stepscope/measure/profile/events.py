@@ -142,7 +142,8 @@ def _kernel_work_by_op(events: Sequence[Any], phase_of: _PhaseLookup, classifier
     kernels no op launched are then not seen."""
     work = []
     for op in events:
-        if not _is_host(op) or not op.kernels:
+        # `is_legacy`: kineto without CUPTI gives every op, nested ones too, its CUDA-event time as a pseudo-kernel
+        if not _is_host(op) or not op.kernels or getattr(op, "is_legacy", False):
             continue
         phase = phase_of(op.time_range.start)
         if phase is None:
