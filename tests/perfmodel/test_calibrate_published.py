@@ -13,7 +13,9 @@ from stepscope.perfmodel.calibrate_published import (
     run_calibrate_published,
     scaled,
 )
+from stepscope.perfmodel.ops import Cost
 from stepscope.perfmodel.published import load_dataset
+from stepscope.perfmodel.timing import op_time
 from stepscope.results.store import read_records
 from stepscope.spec.system import load_system
 
@@ -67,3 +69,14 @@ def test_eight_gpus_of_a_stack_predict_its_other_h100_runs(tmp_path):
     assert held["n"] >= 10
     assert held["fitted_median_abs_error_pct"] < held["base_median_abs_error_pct"]
     assert held["fitted_median_abs_error_pct"] <= 10.0
+
+
+def test_one_factor_scales_gemms_and_fused_attention_alike():
+    """A fitted factor f divides every matrix op's compute time by f, fused attention's too (not f²: its
+    efficiency is flash_efficiency x the curve's, and only the curve is scaled)."""
+    base = load_system("H100-SXM")
+    fitted = scaled(base, 0.9)
+    for kind in ("matrix", "attention"):
+        cost = Cost(flops=5e11, bytes=0.0, kernels=1)
+        before, after = (op_time(cost, kind, s.accelerator, "bf16").compute_s for s in (base, fitted))
+        assert after == pytest.approx(before / 0.9, rel=1e-12)

@@ -68,13 +68,12 @@ class PublishedCalibration:
 
 
 def scaled(system: SystemSpec, factor: float) -> SystemSpec:
-    """`system` with every knot of its efficiency curve (and flash attention's) times `factor`, capped."""
+    """`system` with every knot of its efficiency curve times `factor`, capped. Fused attention follows: its
+    efficiency is `flash_efficiency` times the curve's, so it must not be scaled again."""
     acc = system.accelerator
     curve = tuple((gflop, min(MAX_CURVE, eff * factor)) for gflop, eff in acc.matrix_efficiency_by_GFLOP)
-    flash = min(1.0, acc.flash_efficiency * factor)
     return dataclasses.replace(system, name=f"{system.name}-fitted",
-                               accelerator=dataclasses.replace(acc, matrix_efficiency_by_GFLOP=curve,
-                                                               flash_efficiency=flash))
+                               accelerator=dataclasses.replace(acc, matrix_efficiency_by_GFLOP=curve))
 
 
 def log_error(run: PublishedRun, system: SystemSpec) -> float:
