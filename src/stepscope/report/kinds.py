@@ -56,6 +56,7 @@ DESCRIPTIONS = {
     "compare": "Measured steps (or traces) next to the performance model's prediction of the same configuration.",
     "calibrate": "A system fitted to measured steps.",
     "calibrate-published": "A system fitted to published runs, and every run of that system predicted with it.",
+    "calibrate-rates": "A system's curve top, fused-attention and fp8 efficiency fitted to a GPU's measured op rates.",
     "validate": "Published measured runs next to the performance model's prediction.",
 }
 
