@@ -54,3 +54,9 @@ def test_a_cpu_sweep_gives_every_row_and_the_weighted_ratio():
     real_s = sum(r["flops"] / (r["measured_TFLOPps"] * 1e12) for r in rows)
     model_s = sum(r["flops"] / (r["model_TFLOPps"] * 1e12) for r in rows)
     assert summary["measured_time_over_model"] == pytest.approx(real_s / model_s, rel=1e-9)
+
+
+def test_bad_layouts_are_one_line_and_exit_2(capsys):
+    for argv in (["--dense", "nope:1:8"], ["--dense", "llama3-8b"], ["--cubes", "abc"], ["--system", "H900"]):
+        assert op_rates.main([*argv, "--preheat", "0"]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -74,8 +74,9 @@ def test_cli_writes_a_system_that_predict_accepts_and_bad_files_are_one_line(cli
     assert (tmp_path / "calibrate-rates.jsonl").exists()
     code, out, err = cli("predict", "--model", "llama3-8b", "--system", system, "--gpus", "8", "--out", tmp_path)
     assert code == 0, err
-    bad = tmp_path / "bad.json"
+    bad, old_schema = tmp_path / "bad.json", tmp_path / "old.json"
     bad.write_text("[1, 2]")
-    for path in (bad, tmp_path / "missing.json"):
+    old_schema.write_text(json.dumps({"rows": [{"model": "llama3-8b", "precision": "bf16", "GFLOP": 412.3}]}))
+    for path in (bad, old_schema, tmp_path / "missing.json"):
         code, out, err = cli("calibrate", "--rates", path, "--base", "H100-SXM", "--out", tmp_path / "no")
         assert code == 2 and len(err.strip().splitlines()) == 1

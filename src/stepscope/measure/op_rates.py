@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from stepscope.errors import UsageError
 from stepscope.spec import get_preset
 from stepscope.spec.system import load_system
 
@@ -267,9 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     def layouts(text: str, build) -> list[MatrixOp]:
         return [op for item in _split(text) for op in build(item.split(":")[0], *map(int, item.split(":")[1:]))]
 
-    ops = (layouts(args.dense, dense_ops)
-           + [MatrixOp("cube", "-", "matmul", "forward", int(n), int(n), int(n)) for n in _split(args.cubes)]
-           + layouts(args.moe, moe_ops) + layouts(args.attention, attention_ops))
+    try:
+        ops = (layouts(args.dense, dense_ops)
+               + [MatrixOp("cube", "-", "matmul", "forward", int(n), int(n), int(n)) for n in _split(args.cubes)]
+               + layouts(args.moe, moe_ops) + layouts(args.attention, attention_ops))
+        load_system(args.system)
+    except (UsageError, ValueError, TypeError) as error:  # a bad layout or system: one line, exit 2
+        print(f"op_rates: error: {str(error).splitlines()[0] if str(error) else 'bad layout'}", file=sys.stderr)
+        return 2
     result = measure(ops, args.system, args.rounds, args.min_seconds, args.preheat, torch.device(args.device))
     print(f"{result['device']} (torch {result['torch']}), preheat {result['preheat_TFLOPps']:.0f} TFLOP/s; "
           f"model: {result['system']}")

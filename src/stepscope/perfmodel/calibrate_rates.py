@@ -63,13 +63,20 @@ def read_rates(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
     """Every row of the op-rate files (UsageError on a missing or malformed file)."""
     rows: list[dict[str, Any]] = []
     for path in paths:
+        not_rates = UsageError(f"{path} is not an op-rates file (python -m stepscope.measure.op_rates --out)")
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
-            rows += [dict(row) for row in data["rows"]]
+            found = [dict(row) for row in data["rows"]]
         except OSError as error:
             raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
         except (ValueError, KeyError, TypeError):
-            raise UsageError(f"{path} is not an op-rates file (python -m stepscope.measure.op_rates --out)") from None
+            raise not_rates from None
+        for row in found:  # what the rule reads, as op_rates writes it
+            numbers = [row.get("measured_TFLOPps"), row.get("flops")]
+            if not (isinstance(row.get("family"), str) and isinstance(row.get("variant"), str)
+                    and all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in numbers)):
+                raise not_rates
+        rows += found
     return rows
 
 
