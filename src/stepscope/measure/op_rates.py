@@ -154,7 +154,9 @@ def _attention_thunk(op: MatrixOp, backend: str, device: torch.device) -> Callab
 
 
 def _seconds_per_call(thunk: Callable[[], object], device: torch.device, min_s: float) -> float:
-    """Mean time of back-to-back calls over at least `min_s` (CUDA events; wall clock on CPU)."""
+    """Mean time of back-to-back calls over at least `min_s` (CUDA events; wall clock on CPU). Not
+    `timer.time_callable`, which synchronizes around every call to charge host overhead to a step: a kernel's
+    rate needs the launches queued behind each other."""
     thunk()
     reps = 1
     while True:
