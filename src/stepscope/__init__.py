@@ -41,11 +41,11 @@ _API: dict[str, str | tuple[str, str]] = {
     # predict: the performance model
     "ParallelPlan": "stepscope.spec.plan", "load_system": "stepscope.spec.system",
     "PredictConfig": "stepscope.perfmodel.predict", "PredictPoint": "stepscope.perfmodel.predict",
-    "run_predict": "stepscope.perfmodel.predict", "evaluate": "stepscope.perfmodel.evaluate",
+    "run_predict": "stepscope.perfmodel.predict", "evaluate": "stepscope.perfmodel.model.evaluate",
     "PlanConfig": "stepscope.perfmodel.plan", "run_plan": "stepscope.perfmodel.plan",
-    "CompareConfig": "stepscope.perfmodel.compare", "run_compare": "stepscope.perfmodel.compare",
-    "ValidateConfig": "stepscope.perfmodel.validate", "run_validate": "stepscope.perfmodel.validate",
-    "CalibrateConfig": "stepscope.perfmodel.calibrate_run", "run_calibrate": "stepscope.perfmodel.calibrate_run",
+    "CompareConfig": "stepscope.perfmodel.validate.compare", "run_compare": "stepscope.perfmodel.validate.compare",
+    "ValidateConfig": "stepscope.perfmodel.validate.validate", "run_validate": "stepscope.perfmodel.validate.validate",
+    "CalibrateConfig": "stepscope.perfmodel.calibrate.run", "run_calibrate": "stepscope.perfmodel.calibrate.run",
     # analyse: PyTorch profiler traces of real runs
     "TraceConfig": "stepscope.traces.config", "run_trace": "stepscope.traces.run",
     "run_trace_tally": "stepscope.traces.tally",

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from stepscope.measure import op_rates
-from stepscope.perfmodel import ops
-from stepscope.perfmodel.evaluate import geometry
-from stepscope.perfmodel.ops_moe import moe_block
+from stepscope.perfmodel.model import ops
+from stepscope.perfmodel.model.layout import plan_geometry as geometry
+from stepscope.perfmodel.model.ops_moe import moe_block
 from stepscope.spec import Workload, get_preset
 from stepscope.spec.plan import ParallelPlan
 

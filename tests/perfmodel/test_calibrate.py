@@ -5,9 +5,9 @@ import dataclasses
 
 import pytest
 
-from stepscope.perfmodel.calibrate import calibrate
-from stepscope.perfmodel.compare import compare, predict_point, summary
+from stepscope.perfmodel.calibrate.measured import calibrate
 from stepscope.perfmodel.records import RecordSet, StepPoint, load_records, parse_where
+from stepscope.perfmodel.validate.compare import compare, predict_point, summary
 from stepscope.results.store import RecordStore, make_record
 from stepscope.spec import Workload, get_preset
 from stepscope.spec.system import load_system

@@ -12,9 +12,9 @@ from statistics import median
 import numpy as np
 import pytest
 
-from stepscope.perfmodel.calibrate import calibrate
-from stepscope.perfmodel.compare import compare
+from stepscope.perfmodel.calibrate.measured import calibrate
 from stepscope.perfmodel.records import RecordSet, load_records
+from stepscope.perfmodel.validate.compare import compare
 from stepscope.spec.system import load_system
 from tests.perfmodel.test_calibrate import _BASE, KNOTS, TRUE, synthetic_points
 
@@ -79,7 +79,7 @@ def test_knots_beyond_the_op_sizes_of_the_records_are_tied_not_fitted():
 
 
 def test_a_knot_between_constrained_ones_is_interpolated():
-    from stepscope.perfmodel.calibrate_fit import tie_matrix
+    from stepscope.perfmodel.calibrate.fit import tie_matrix
 
     tie = tie_matrix([0.01, 0.1, 1.0, 10.0], free=[0, 2])  # no op near 0.1 or 10 GFLOP
     inverse = 1.0 + tie @ np.array([0.5, 0.25])  # floor 1: 1/η = 1.75 at 0.01 GFLOP, 1.25 at 1 GFLOP

@@ -6,16 +6,16 @@ import math
 import pytest
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.calibrate_published import (
+from stepscope.perfmodel.calibrate.published import (
     PublishedCalibrationConfig,
     fit_factor,
     log_error,
     run_calibrate_published,
     scaled,
 )
-from stepscope.perfmodel.ops import Cost
-from stepscope.perfmodel.published import load_dataset
-from stepscope.perfmodel.timing import op_time
+from stepscope.perfmodel.model.ops import Cost
+from stepscope.perfmodel.model.rates import op_time
+from stepscope.perfmodel.validate.datasets import load_dataset
 from stepscope.results.store import read_records
 from stepscope.spec.system import load_system
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.calibrate_rates import fitted_rates, read_rates
+from stepscope.perfmodel.calibrate.rates import fitted_rates, read_rates
 from stepscope.spec.system import load_system
 
 MEASUREMENTS = sorted((Path(__file__).parents[2] / "docs" / "measurements").glob("*-op-rates.json"))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.calibrate_run import CalibrateConfig, run_calibrate
+from stepscope.perfmodel.calibrate.run import CalibrateConfig, run_calibrate
 from stepscope.perfmodel.records import load_records
 from stepscope.results.store import read_records
 from stepscope.spec.system import load_system

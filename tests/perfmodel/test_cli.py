@@ -151,7 +151,7 @@ def test_the_performance_model_never_imports_torch():
     code = ("import sys, pkgutil, importlib, stepscope.perfmodel as pm\n"
             "for m in pkgutil.iter_modules(pm.__path__): importlib.import_module('stepscope.perfmodel.' + m.name)\n"
             "import stepscope.spec.system, stepscope.spec.plan\n"
-            "from stepscope.perfmodel.validate import validate; validate()\n"
+            "from stepscope.perfmodel.validate.validate import validate; validate()\n"
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.compare import CompareConfig, run_compare
+from stepscope.perfmodel.validate.compare import CompareConfig, run_compare
 from stepscope.results.store import read_records
 
 REAL = Path(__file__).parent / "data" / "step_cpu_2core_small_medium.jsonl"

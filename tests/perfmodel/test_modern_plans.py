@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel import ops
-from stepscope.perfmodel.candidates import Candidates
-from stepscope.perfmodel.collectives import collective_time
-from stepscope.perfmodel.evaluate import evaluate, geometry
-from stepscope.perfmodel.memory import GiB
-from stepscope.perfmodel.search import SearchSpace, search
-from stepscope.perfmodel.stages import held_micro_batches
-from stepscope.perfmodel.timing import bucket_layout, op_time
-from stepscope.perfmodel.vectorized import evaluate_many
+from stepscope.perfmodel.model import ops
+from stepscope.perfmodel.model.candidates import Candidates
+from stepscope.perfmodel.model.collectives import collective_time
+from stepscope.perfmodel.model.evaluate import evaluate, evaluate_many
+from stepscope.perfmodel.model.layout import plan_geometry as geometry
+from stepscope.perfmodel.model.rates import op_time
+from stepscope.perfmodel.model.schedule import held_micro_batches
+from stepscope.perfmodel.model.step import GiB
+from stepscope.perfmodel.search.search import SearchSpace, search
 from stepscope.spec import Workload, get_preset
 from stepscope.spec.plan import ParallelPlan
 from stepscope.spec.system import load_system
@@ -107,7 +107,8 @@ def test_one_shard_group_is_zero3_and_hsdp_adds_the_replica_all_reduce():
     # the node, then the all-reduce of its 1/8 across the 8 nodes; weights gathered in the node before the
     # forward and again before the backward
     params = prediction.extras["params_per_gpu"]
-    buckets = bucket_layout(params, 25 * 2**20 / 2)
+    cap = 25 * 2**20 / 2  # 25 MiB buckets of 2-byte gradients, the remainder last
+    buckets = [cap] * int(params // cap) + [params - cap * int(params // cap)]
     net = H100.network
     reduce_s = sum(collective_time("reduce-scatter", b * 2, 8, 8, net) for b in buckets)
     replica_s = sum(collective_time("all-reduce", b / 8 * 2, 8, 1, net) for b in buckets)

@@ -1,7 +1,7 @@
 """`run_plan` from Python: one `plan` record per top plan, best first; no feasible plan writes none."""
 
 from stepscope.perfmodel.plan import PlanConfig, run_plan
-from stepscope.perfmodel.search import SearchSpace
+from stepscope.perfmodel.search.search import SearchSpace
 from stepscope.results.store import read_records
 from stepscope.spec import Workload, get_preset
 

@@ -9,10 +9,10 @@ import pytest
 
 from stepscope.errors import UsageError
 from stepscope.perfmodel import evaluate
-from stepscope.perfmodel import search as search_module
-from stepscope.perfmodel.candidates import PLACEMENTS, canonical_placements
-from stepscope.perfmodel.search import MEMORY_RULE, SearchSpace, search
-from stepscope.perfmodel.search_pool import map_chunks, pool_size
+from stepscope.perfmodel.model.candidates import PLACEMENTS, canonical_placements
+from stepscope.perfmodel.search import search as search_module
+from stepscope.perfmodel.search.pool import map_chunks, pool_size
+from stepscope.perfmodel.search.search import MEMORY_RULE, SearchSpace, search
 from stepscope.spec import Workload, get_preset
 from stepscope.spec.plan import DIMENSIONS, ParallelPlan
 from stepscope.spec.system import load_system

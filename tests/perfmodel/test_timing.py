@@ -4,7 +4,7 @@ import pytest
 
 from stepscope.errors import UsageError
 from stepscope.perfmodel import evaluate
-from stepscope.perfmodel.collectives import (
+from stepscope.perfmodel.model.collectives import (
     all_gather,
     all_reduce,
     members_per_domain,
@@ -13,8 +13,8 @@ from stepscope.perfmodel.collectives import (
     ring_all_reduce,
     tree_all_reduce,
 )
-from stepscope.perfmodel.memory import state_bytes
-from stepscope.perfmodel.timing import bucket_layout, dp_exposed, gradient_reductions, zero3_gathers
+from stepscope.perfmodel.model.schedule import dp_exposed, gradient_reductions, size_buckets, zero3_gathers
+from stepscope.perfmodel.model.step import state_bytes
 from stepscope.spec import Workload, get_preset
 from stepscope.spec.plan import ParallelPlan
 from stepscope.spec.system import load_system
@@ -59,7 +59,7 @@ def test_members_per_domain():
 @pytest.mark.parametrize("n", [1, 8, 64])
 def test_zero_bytes_per_parameter(n):
     def total(precision, zero, fp32_grads=False):
-        return state_bytes(precision, zero, n, fp32_grads).total
+        return float(sum(state_bytes(precision, zero, n, fp32_grads)))
 
     assert total("bf16", 0) == pytest.approx(16)
     assert total("bf16", 1) == pytest.approx(4 + 12 / n)
@@ -147,12 +147,12 @@ def test_pipeline_rounds_must_split_the_micro_batches():
 
 
 def test_data_parallel_overlap_hides_all_but_the_last_bucket():
-    buckets = bucket_layout(100e6, 30e6)
-    assert buckets == [30e6, 30e6, 30e6, 10e6]
-    times = [3.0, 3.0, 3.0, 1.0]
-    assert dp_exposed(times, window_s=100.0, overlap=True) == 1.0  # only the last bucket shows
-    assert dp_exposed(times, window_s=4.0, overlap=True) == 6.0  # the window is too short
-    assert dp_exposed(times, window_s=100.0, overlap=False) == 10.0
+    assert size_buckets(100e6, 30e6) == (3, 10e6)  # three full buckets of 30M elements and the last of 10M
+    assert size_buckets(30e6, 30e6) == (0, 30e6)
+    # buckets of 3, 3, 3 and 1 seconds
+    assert dp_exposed(10.0, 1.0, window_s=100.0, overlap=True) == 1.0  # only the last bucket shows
+    assert dp_exposed(10.0, 1.0, window_s=4.0, overlap=True) == 6.0  # the window is too short
+    assert dp_exposed(10.0, 1.0, window_s=100.0, overlap=False) == 10.0
     spec, system = get_preset("megatron-1.7b"), load_system("A100-80GB")
     workload = Workload(batch=512, seq=2048, precision="bf16", mode="fwd-bwd")
     overlapped = evaluate(spec, workload, ParallelPlan(dp=32, micro_batch=4), system)
@@ -177,7 +177,7 @@ def test_mfu_below_peak_and_hfu_counts_recompute():
 
 def test_gradient_tensors_feed_the_ddp_bucket_planner():
     """GPT-2 small under DDP defaults: 12 buckets of 7,087,872 floats and a last one of 39,385,344."""
-    from stepscope.perfmodel.evaluate import gradient_tensors
+    from stepscope.perfmodel.model.tensors import gradient_tensors
     from stepscope.spec.buckets import bucket_numels, plan_buckets
 
     spec = get_preset("gpt2")
@@ -214,15 +214,19 @@ def test_sharded_gradients_are_reduced_after_every_micro_batch():
 
 
 def test_placement_decides_which_tier_a_group_uses():
-    from stepscope.perfmodel.evaluate import group_layout
+    from stepscope.perfmodel.model.candidates import Candidates
+    from stepscope.perfmodel.model.layout import group_layout
+
+    def layout(plan, domain):
+        return {k: int(v[0]) for k, v in group_layout(Candidates.from_plans([plan]), domain).items()}
 
     spec, system = get_preset("gpt3-175b"), load_system("A100-80GB")
     workload = Workload(batch=64, seq=2048, precision="bf16", mode="fwd-bwd")
     inner = ParallelPlan(dp=8, tp=8, micro_batch=1, recompute="full", placement=("tp", "cp", "dp", "pp"))
     outer = inner.replace(placement=("dp", "cp", "tp", "pp"))
-    assert group_layout(inner, 8) == {"tp": 8, "cp": 1, "dp": 1, "pp": 1, "dp_cp": 1, "shard": 1, "replica": 1,
+    assert layout(inner, 8) == {"tp": 8, "cp": 1, "dp": 1, "pp": 1, "dp_cp": 1, "shard": 1, "replica": 1,
                                        "ep": 1, "edp": 1}
-    assert group_layout(outer, 8) == {"tp": 1, "cp": 1, "dp": 8, "pp": 1, "dp_cp": 8, "shard": 8, "replica": 1,
+    assert layout(outer, 8) == {"tp": 1, "cp": 1, "dp": 8, "pp": 1, "dp_cp": 8, "shard": 8, "replica": 1,
                                       "ep": 1, "edp": 8}
     nvlink, nic = (evaluate(spec, workload, plan, system).breakdown for plan in (inner, outer))
     # the same TP traffic on the NICs instead of NVLink: slower by about the bandwidth ratio (300 vs 25 GB/s)

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.evaluate import evaluate
-from stepscope.perfmodel.trace_compare import TraceCompareConfig, run_trace_compare
+from stepscope.perfmodel.model.evaluate import evaluate
+from stepscope.perfmodel.validate.trace_compare import TraceCompareConfig, run_trace_compare
 from stepscope.results.store import read_records
 from stepscope.spec import Workload, get_preset
 from stepscope.spec.plan import ParallelPlan

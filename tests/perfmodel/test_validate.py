@@ -3,7 +3,7 @@
 import pytest
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.validate import ValidateConfig, load_dataset, median_abs_error, run_validate, validate
+from stepscope.perfmodel.validate.validate import ValidateConfig, load_dataset, median_abs_error, run_validate, validate
 from stepscope.results.store import read_records
 
 
@@ -81,8 +81,8 @@ def test_modern_validation_predicts_every_run_on_its_own_system(tmp_path):
 def test_cross_validation_fits_each_run_without_it(tmp_path):
     """Leave one out: the factor behind a run's held-out prediction is the one fitted to the other runs of its
     system, never to a set holding the run itself; the prediction is the base one on the system scaled by it."""
-    from stepscope.perfmodel.calibrate_published import fit_factor, scaled
-    from stepscope.perfmodel.evaluate import evaluate
+    from stepscope.perfmodel.calibrate.published import fit_factor, scaled
+    from stepscope.perfmodel.model.evaluate import evaluate
     from stepscope.perfmodel.runs import system_of
 
     outcome = run_validate(ValidateConfig(dataset="narayanan2021_table1", cross_validate=True), tmp_path)

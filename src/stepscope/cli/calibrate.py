@@ -1,5 +1,5 @@
 """`stepscope calibrate`: fit a system (efficiency curve, kernel overhead, bandwidth, links) to measured records.
-The work, the system TOML and the records: `stepscope.perfmodel.calibrate_run.run_calibrate`."""
+The work, the system TOML and the records: `stepscope.perfmodel.calibrate.run.run_calibrate`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import argparse
 from stepscope.cli.options import add_config_option, add_output_options, choice, one_value, parse_list
 from stepscope.cli.options.perfmodel import add_records_options, add_system_option
 from stepscope.errors import UsageError
-from stepscope.perfmodel.calibrate import MAX_EFFICIENCY_LIMIT
-from stepscope.perfmodel.calibrate_run import CalibrateConfig
-from stepscope.perfmodel.published import DATASETS
+from stepscope.perfmodel.calibrate.measured import MAX_EFFICIENCY_LIMIT
+from stepscope.perfmodel.calibrate.run import CalibrateConfig
+from stepscope.perfmodel.validate.datasets import DATASETS
 
 NAME = "calibrate"
 HELP = "fit a system TOML to measured records, published runs or measured op rates"
@@ -47,7 +47,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.perfmodel.calibrate_run import run_calibrate
+    from stepscope.perfmodel.calibrate.run import run_calibrate
 
     if args.published is not None:
         return run_published(args)
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 def run_published(args: argparse.Namespace) -> int:
     """`--published DATASET --runs ...`: one efficiency factor from end-to-end runs, the others predicted."""
     from stepscope.cli.output import Printer
-    from stepscope.perfmodel.calibrate_published import PublishedCalibrationConfig, run_calibrate_published
+    from stepscope.perfmodel.calibrate.published import PublishedCalibrationConfig, run_calibrate_published
 
     if args.runs is None:
         raise UsageError("--published needs --runs (the run labels to fit)")
@@ -93,7 +93,7 @@ def run_published(args: argparse.Namespace) -> int:
 def run_rates(args: argparse.Namespace) -> int:
     """`--rates FILES`: the curve top, flash and fp8 efficiency of --base from measured op rates."""
     from stepscope.cli.output import Printer
-    from stepscope.perfmodel.calibrate_rates import RatesCalibrationConfig, run_calibrate_rates
+    from stepscope.perfmodel.calibrate.rates import RatesCalibrationConfig, run_calibrate_rates
 
     config = RatesCalibrationConfig(rates=tuple(parse_list(args.rates, str, "--rates")), base=args.base,
                                     system_out=args.system_out, name=args.name)

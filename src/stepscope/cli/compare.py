@@ -1,5 +1,5 @@
 """`stepscope compare`: measured step records next to the model's prediction, error per phase.
-The work and the records: `stepscope.perfmodel.compare.run_compare`."""
+The work and the records: `stepscope.perfmodel.validate.compare.run_compare`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from stepscope.cli.options.perfmodel import (
     plan_from_args,
 )
 from stepscope.errors import UsageError
-from stepscope.perfmodel.compare import CompareConfig
+from stepscope.perfmodel.validate.compare import CompareConfig
 
 NAME = "compare"
 HELP = "measured step records next to predictions, error per phase"
@@ -45,7 +45,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.perfmodel.compare import run_compare
+    from stepscope.perfmodel.validate.compare import run_compare
 
     if args.trace:
         return _run_trace(args)
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_trace(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.perfmodel.trace_compare import TraceCompareConfig, run_trace_compare
+    from stepscope.perfmodel.validate.trace_compare import TraceCompareConfig, run_trace_compare
 
     specs = model_specs(args)
     if len(specs) != 1:

@@ -1,5 +1,5 @@
 """`stepscope validate`: predict the published measured runs shipped with stepscope, print the errors.
-The work and the records: `stepscope.perfmodel.validate.run_validate`."""
+The work and the records: `stepscope.perfmodel.validate.validate.run_validate`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 
 from stepscope.cli.options import add_config_option, add_output_options, choice, one_value
 from stepscope.cli.options.perfmodel import add_system_option
-from stepscope.perfmodel.validate import DATASETS, ValidateConfig
+from stepscope.perfmodel.validate.validate import DATASETS, ValidateConfig
 
 NAME = "validate"
 HELP = "predict published measured runs and print the error"
@@ -28,7 +28,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.perfmodel.validate import run_validate
+    from stepscope.perfmodel.validate.validate import run_validate
 
     config = ValidateConfig(system=args.system, dataset=one_value(args.dataset, choice(*DATASETS), "--dataset"),
                             cross_validate=args.cross_validate)

@@ -19,7 +19,7 @@ Sustained, not burst, rates: a few seconds of large products first bring the GPU
 (mamf-finder's MSMF), then every op runs in rounds (all ops of a round back to back, the median over rounds).
 
     python -m stepscope.measure.op_rates --system H100-SXM --out op_rates.json
-    stepscope calibrate --rates op_rates.json --base H100-SXM --system-out mine.toml   (perfmodel/calibrate_rates.py)
+    stepscope calibrate --rates op_rates.json --base H100-SXM --system-out mine.toml   (perfmodel/calibrate/rates.py)
 """
 
 from __future__ import annotations

@@ -12,6 +12,6 @@
   `compare.run_compare`, `validate.run_validate`, `calibrate_run.run_calibrate` (what they share: `runs`).
 """
 
-from stepscope.perfmodel.evaluate import Prediction, evaluate
+from stepscope.perfmodel.model.evaluate import Prediction, evaluate
 
 __all__ = ["Prediction", "evaluate"]

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.allocator import keep_freed_memory
 from stepscope.perfmodel.runs import DEFAULT_SYSTEM, RunRecords, SystemLike, system_of
-from stepscope.perfmodel.search import SearchResult, SearchSpace, search
-from stepscope.perfmodel.search_pool import available_cpus
+from stepscope.perfmodel.search.allocator import keep_freed_memory
+from stepscope.perfmodel.search.pool import available_cpus
+from stepscope.perfmodel.search.search import SearchResult, SearchSpace, search
 from stepscope.spec import ModelSpec, Workload
 from stepscope.spec.system import SystemSpec
 

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.evaluate import Prediction, evaluate, gradient_tensors
-from stepscope.perfmodel.layers import per_layer_rows
+from stepscope.perfmodel.model.evaluate import Prediction, evaluate
+from stepscope.perfmodel.model.layers import per_layer_rows
+from stepscope.perfmodel.model.schedule import DEFAULT_BUCKET_MIB
+from stepscope.perfmodel.model.tensors import gradient_tensors
 from stepscope.perfmodel.runs import DEFAULT_SYSTEM, RunRecords, SystemLike, check_choice, system_of
-from stepscope.perfmodel.timing import DEFAULT_BUCKET_MIB
 from stepscope.spec import ModelSpec, Workload
 from stepscope.spec.buckets import bucket_numels, plan_buckets
 from stepscope.spec.plan import ParallelPlan

@@ -23,7 +23,7 @@ from stepscope.cli.options import (
 )
 from stepscope.errors import UsageError
 from stepscope.perfmodel.runs import ModelledWorkload
-from stepscope.perfmodel.search import SearchSpace
+from stepscope.perfmodel.search.search import SearchSpace
 from stepscope.spec import MODELLED_PRECISIONS, MODES, ModelSpec, Workload
 from stepscope.spec.plan import DISPATCHERS, FP8_RECIPES, RECOMPUTE, ParallelPlan
 from stepscope.spec.system import list_systems

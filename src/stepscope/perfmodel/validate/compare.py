@@ -16,7 +16,7 @@ from statistics import median
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.evaluate import Prediction, evaluate
+from stepscope.perfmodel.model.evaluate import Prediction, evaluate
 from stepscope.perfmodel.records import RecordSet, StepPoint, load_records, parse_where
 from stepscope.perfmodel.runs import RunRecords, SystemLike, system_of
 from stepscope.results.store import DEFAULT_OUT

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.calibrate import (
+from stepscope.perfmodel.calibrate.measured import (
     DEFAULT_KNOTS_GFLOP,
     MAX_EFFICIENCY,
     PRIOR_WEIGHT,
@@ -18,9 +18,9 @@ from stepscope.perfmodel.calibrate import (
     calibrate,
     check_max_efficiency,
 )
-from stepscope.perfmodel.compare import Comparison, compare, summary
 from stepscope.perfmodel.records import RecordSet, load_records, parse_where
 from stepscope.perfmodel.runs import RunRecords, SystemLike, system_of
+from stepscope.perfmodel.validate.compare import Comparison, compare, summary
 from stepscope.results.files import check_writable_file
 from stepscope.results.store import DEFAULT_OUT
 from stepscope.spec.system import system_to_toml

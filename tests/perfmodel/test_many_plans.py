@@ -1,13 +1,13 @@
-"""The vectorized evaluator equals the op-by-op reference on random valid plans (relative 1e-9)."""
+"""A plan evaluated alone equals the same plan evaluated among others (mixed attention kinds, groups of ZeRO
+stages x recompute modes in any order, as a search passes them): one formula set, relative 1e-9."""
 
 import random
 
 import pytest
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.candidates import PLACEMENTS, Candidates
-from stepscope.perfmodel.evaluate import evaluate
-from stepscope.perfmodel.vectorized import evaluate_many
+from stepscope.perfmodel.model.candidates import PLACEMENTS, Candidates
+from stepscope.perfmodel.model.evaluate import evaluate, evaluate_many
 from stepscope.spec import Workload, get_preset
 from stepscope.spec.plan import RECOMPUTE, ParallelPlan
 from stepscope.spec.system import load_system

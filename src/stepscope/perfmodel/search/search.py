@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.candidates import PLACEMENTS, Candidates, canonical_placements, members_per_domain
-from stepscope.perfmodel.search_pool import map_chunks, pool_size
-from stepscope.perfmodel.search_top import merge_answers, scalar, top_answers
-from stepscope.perfmodel.vectorized import evaluate_many
+from stepscope.perfmodel.model.candidates import PLACEMENTS, Candidates, canonical_placements, members_per_domain
+from stepscope.perfmodel.model.evaluate import evaluate_many
+from stepscope.perfmodel.search.pool import map_chunks, pool_size
+from stepscope.perfmodel.search.top import merge_answers, scalar, top_answers
 from stepscope.spec import ModelSpec, Workload
 from stepscope.spec.plan import CONSTRAINTS, DIMENSIONS, RECOMPUTE, Facts, ParallelPlan
 from stepscope.spec.system import SystemSpec

@@ -26,12 +26,14 @@ from statistics import median
 import numpy as np
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.calibrate_fit import SCALARS, PhaseModel, Terms, constrained_knots, fit, tie_matrix
-from stepscope.perfmodel.memory import layer_kinds
-from stepscope.perfmodel.ops import Cost, Geometry, attention_ops, embedding_ops, head_ops
+from stepscope.perfmodel.calibrate.fit import SCALARS, PhaseModel, Terms, constrained_knots, fit, tie_matrix
+from stepscope.perfmodel.model.op_types import Cost, Geometry
+from stepscope.perfmodel.model.ops import attention_ops, embedding_ops, head_ops, layer_ops
+from stepscope.perfmodel.model.ops_moe import moe_layer_ops
+from stepscope.perfmodel.model.rates import efficiency
+from stepscope.perfmodel.model.schedule import OPTIMIZER_FLOPS_PER_PARAM, optimizer_bytes_per_param
+from stepscope.perfmodel.model.tensors import param_tensors
 from stepscope.perfmodel.records import AttentionPoint, CommPoint, RecordSet, StepPoint
-from stepscope.perfmodel.tensors import param_tensors
-from stepscope.perfmodel.timing import OPTIMIZER_FLOPS_PER_PARAM, optimizer_bytes_per_param
 from stepscope.spec import ModelSpec, bytes_per_element
 from stepscope.spec.system import Accelerator, NetworkTier, SystemSpec
 
@@ -73,7 +75,7 @@ def _terms(point: StepPoint) -> dict[str, Terms]:
     g = Geometry(micro_batch=workload.batch, seq=workload.seq, act_bytes=bytes_per_element(workload.precision),
                  flash_attention=point.fused_attention)
     # the same blocks the prediction counts: dense ones, then (Mixture-of-Experts models) the MoE ones
-    dense_ops, moe_ops = layer_kinds(spec, g)
+    dense_ops, moe_ops = layer_ops(spec, g), (moe_layer_ops(spec, g) if spec.is_moe else [])
     blocks = [(op, float(spec.n_layers - spec.moe_layers)) for op in dense_ops]
     blocks += [(op, float(spec.moe_layers)) for op in moe_ops]
     extra = embedding_ops(spec, g) + head_ops(spec, g)
@@ -127,7 +129,7 @@ def calibrate(records: RecordSet, base: SystemSpec, *, knots: Sequence[float] = 
             targets.append(point.phases[phase])
     y = np.array(targets)
     floor = 1.0 / max_efficiency  # 1/η never below this, i.e. η never above max_efficiency
-    theta = np.concatenate([[1.0 / acc.efficiency(g * 1e9) for g in knots],
+    theta = np.concatenate([[1.0 / efficiency(acc, g * 1e9) for g in knots],
                             [1.0 / acc.vector_peak(points[0].workload.precision), 1.0 / acc.memory_bytes_per_s,
                              acc.kernel_overhead_us * 1e-6]])
     model = PhaseModel(knots, peaks, acc.flash_efficiency)
@@ -273,7 +275,7 @@ def _flash_efficiency(points: list[AttentionPoint], acc: Accelerator, notes: lis
             busy = (measured or 0.0) - cost.kernels * acc.kernel_overhead_us * 1e-6
             if busy > 0:
                 flops = square * cost.flops
-                ideal = flops / (acc.matrix_peak(p.precision) * acc.efficiency(flops / max(cost.kernels, 1)))
+                ideal = flops / (acc.matrix_peak(p.precision) * efficiency(acc, flops / max(cost.kernels, 1)))
                 ratios.append(ideal / busy)
     if not ratios:
         return acc.flash_efficiency

@@ -20,8 +20,8 @@ from itertools import pairwise
 
 import numpy as np
 
-from stepscope.perfmodel.nnls import nnls
-from stepscope.perfmodel.ops import Cost
+from stepscope.perfmodel.calibrate.nnls import nnls
+from stepscope.perfmodel.model.op_types import Cost
 
 SCALARS = ("vector", "bytes", "kernel")
 """The parameters after the curve knots, in θ order: 1/vector FLOP/s, 1/bytes/s, seconds per kernel."""

@@ -2,8 +2,7 @@
 
 Placement is an index into `PLACEMENTS`, the 24 orders of (tp, cp, dp, pp) on rank numbers (innermost
 first). A group's stride is the product of the sizes nested inside it; with the system's domain size it
-gives how many members of each group share a fast domain (the same rule as
-`collectives.members_per_domain`, element-wise).
+gives how many members of each group share a fast domain (`collectives.members_per_domain`).
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from stepscope.perfmodel.model import collectives
 from stepscope.spec.plan import DIMENSIONS, RECOMPUTE, ParallelPlan
 
 PLACEMENTS: tuple[tuple[str, ...], ...] = tuple(itertools.permutations(DIMENSIONS))
@@ -161,9 +161,7 @@ def members_per_domain(sizes: np.ndarray, placement: np.ndarray, domain_size: in
     strides_in_order[:, 1:] = np.cumprod(sizes_in_order[:, :-1], axis=1)
     strides = np.empty_like(strides_in_order)
     np.put_along_axis(strides, order, strides_in_order, axis=1)
-    spread = np.maximum(1, domain_size // strides)
-    inside = np.where(strides * sizes <= domain_size, sizes, spread)
-    g = np.where((sizes <= 1) | (strides >= domain_size), 1, inside)
+    g = collectives.members_per_domain(sizes, strides, domain_size)
     return {d: g[:, i] for i, d in enumerate(DIMENSIONS)}
 
 

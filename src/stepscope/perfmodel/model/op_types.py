@@ -1,12 +1,26 @@
-"""The accounting types of `ops.py`: a collective an op issues, the cost of one direction of an op, an op, and the
-geometry of one micro-batch on one GPU (what every op formula reads)."""
+"""The accounting types of the model: a collective an op issues, the cost of one direction of an op, an op, and
+the geometry of one micro-batch on one GPU (what every op formula reads).
+
+Every number may be a numpy array with one element per plan: the model evaluates one plan as an array of one and
+a search's millions of plans as long arrays, through the same formulas (`model/evaluate.py`). What changes the
+*list* of ops (fused or unfused attention, fp8 casts, a Mixture-of-Experts block) is a plain value shared by every
+plan of one evaluation; what only changes sizes (tp, cp, ep, sequence parallelism, micro-batch) is an array. A
+collective whose group has one rank, or that carries no bytes, costs nothing, so an op lists every collective it
+may issue and the sizes decide which ones run.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from stepscope.perfmodel.collectives import collective_time
+import numpy as np
+
+from stepscope.perfmodel.model.collectives import collective_time
 from stepscope.spec.system import Network
+
+Number = Any
+"""A float or a numpy array of floats (one per plan)."""
 
 
 @dataclass(frozen=True)
@@ -16,10 +30,10 @@ class Collective:
 
     kind: str
     """all-reduce | reduce-scatter | all-gather | all-to-all | dispatch | p2p (`collectives.py`)."""
-    bytes: float
+    bytes: Number
     group: str
     """Which parallel dimension's group: tp | cp | dp | pp | ep."""
-    size: int
+    size: Number
     """Ranks in the group."""
     overlappable: bool = True
     """May hide behind the op's own compute when the plan enables overlap."""
@@ -28,32 +42,41 @@ class Collective:
     reach: tuple[int, int] = (0, 0)
     """A dispatch's group-limited routing: (expert groups, groups per token); (0, 0) without."""
 
-    def seconds(self, g: int, network: Network) -> float:
+    def seconds(self, g: Number, network: Network) -> Number:
         """Time on a network where `g` of the group's ranks share a fast domain."""
         return collective_time(self.kind, self.bytes, self.size, g, network, self.copies, self.reach)
 
-    def hides(self, g: int, overlap: bool) -> bool:
+    def hides(self, g: Number, overlap: Any) -> Any:
         """Whether it may hide behind its op's compute when the plan overlaps, `g` of its ranks sharing a fast
         domain: a tensor-parallel one only when its whole group does, since the GEMM-fused exchanges
         (Transformer Engine's userbuffers, PyTorch's symmetric-memory async TP) read and write the peers' memory
         through CUDA peer-to-peer access, which GPUs of different nodes do not share."""
-        return overlap and self.overlappable and (self.group != "tp" or g >= self.size)
+        if not self.overlappable:
+            return False
+        if self.group != "tp":
+            return overlap
+        return np.logical_and(overlap, np.asarray(g) >= np.asarray(self.size))
+
+    @property
+    def runs(self) -> Any:
+        """Where it moves anything: more than one rank and some bytes."""
+        return (np.asarray(self.size) > 1) & (np.asarray(self.bytes) > 0)
 
 
 @dataclass(frozen=True)
 class Cost:
     """One direction (forward or backward) of an op."""
 
-    flops: float = 0.0
+    flops: Number = 0.0
     """Executed FLOPs (matrix FLOPs for matrix/attention ops, elementwise FLOPs for vector ops)."""
-    model_flops: float = 0.0
+    model_flops: Number = 0.0
     """FLOPs counted toward MFU."""
-    bytes: float = 0.0
+    bytes: Number = 0.0
     """HBM traffic."""
-    kernels: int = 1
+    kernels: Number = 1
     """Kernel launches (each pays the per-kernel overhead)."""
     comms: tuple[Collective, ...] = ()
-    """Collectives issued by this direction of the op."""
+    """Collectives this direction of the op may issue."""
 
 
 @dataclass(frozen=True)
@@ -67,43 +90,44 @@ class Op:
     """matrix | attention (fused flash kernel) | vector."""
     forward: Cost
     backward: Cost
-    saved_bytes: float = 0.0
+    saved_bytes: Number = 0.0
     """Activation bytes kept from forward to backward (no recomputation)."""
-    saved_selective_bytes: float | None = None
+    saved_selective_bytes: Number | None = None
     """Bytes still kept under selective recomputation (None: same as saved_bytes)."""
-    params: float = 0.0
+    params: Number = 0.0
     """Parameters of this op held by one GPU."""
     selective: bool = False
     """Re-executed during backward under selective recomputation."""
     fp8: bool = False
-    """A GEMM that runs in fp8 when the workload's precision is fp8 (the linear layers of a block)."""
-    notes: tuple[str, ...] = field(default=())
+    """A GEMM that runs in fp8 (the linear layers of a block when the workload's precision is fp8)."""
     expert: bool = False
     """Its parameters are routed experts: 1/ep of them per GPU, reduced and ZeRO-sharded over dp x cp / ep."""
+    notes: tuple[str, ...] = field(default=())
 
     @property
-    def kept_selective(self) -> float:
+    def kept_selective(self) -> Number:
         return self.saved_bytes if self.saved_selective_bytes is None else self.saved_selective_bytes
 
 
 @dataclass(frozen=True)
 class Geometry:
-    """What one micro-batch looks like on one GPU."""
+    """What one micro-batch looks like on one GPU; array fields hold one element per plan."""
 
-    micro_batch: int
+    micro_batch: Number
     """Sequences per micro-batch."""
     seq: int
     """Full sequence length (context parallelism splits it)."""
     act_bytes: int = 2
     """Bytes per activation element (2 for bf16/fp16, 4 for fp32)."""
-    tp: int = 1
-    cp: int = 1
-    sequence_parallel: bool = False
+    tp: Number = 1
+    cp: Number = 1
+    sequence_parallel: Any = False
     flash_attention: bool = True
+    """One fused attention kernel; shared by every plan of an evaluation (it changes the list of ops)."""
     dropout: bool = False
     fp8_recipe: str | None = None
     """None: no fp8; else the scaling recipe of the fp8 linear layers (`spec.plan.FP8_RECIPES`)."""
-    ep: int = 1
+    ep: Number = 1
     """Expert-parallel group size (MoE blocks, `ops_moe.py`)."""
     expert_imbalance: float = 1.0
     """Tokens of the busiest expert-parallel rank / the mean (MoE blocks)."""
@@ -113,14 +137,14 @@ class Geometry:
     """0: experts split over tp; 1: whole experts, EP folded over the TP ranks (`ParallelPlan.expert_tp`)."""
 
     @property
-    def expert_split(self) -> int:
+    def expert_split(self) -> Number:
         """Ranks one routed expert is split over: tp, or 1 with whole experts."""
         return 1 if self.expert_tp == 1 else self.tp
 
     @property
-    def experts_apart(self) -> bool:
+    def experts_apart(self) -> Any:
         """`ParallelPlan.experts_apart`: the routed experts are reduced and sharded over their own group."""
-        return self.ep > 1 or (self.expert_tp == 1 and self.tp > 1)
+        return (np.asarray(self.ep) > 1) | ((self.expert_tp == 1) & (np.asarray(self.tp) > 1))
 
     @property
     def fp8(self) -> bool:
@@ -132,11 +156,11 @@ class Geometry:
         return 1 if self.fp8 else self.act_bytes
 
     @property
-    def tokens(self) -> float:
+    def tokens(self) -> Number:
         """Tokens each GPU of a TP group processes in the matrix ops: b·s/cp."""
         return self.micro_batch * self.seq / self.cp
 
     @property
-    def sharded_tokens(self) -> float:
+    def sharded_tokens(self) -> Number:
         """Tokens of the norm/dropout/residual ops: divided by tp under sequence parallelism."""
-        return self.tokens / self.tp if self.sequence_parallel else self.tokens
+        return np.where(self.sequence_parallel, self.tokens / self.tp, self.tokens)

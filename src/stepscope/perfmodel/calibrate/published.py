@@ -20,9 +20,9 @@ from statistics import median
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.evaluate import evaluate
-from stepscope.perfmodel.published import DATASETS, PublishedRun, load_dataset
+from stepscope.perfmodel.model.evaluate import evaluate
 from stepscope.perfmodel.runs import RunRecords, check_choice, system_of
+from stepscope.perfmodel.validate.datasets import DATASETS, PublishedRun, load_dataset
 from stepscope.results.files import check_writable_file
 from stepscope.spec.system import SystemSpec, system_to_toml
 
@@ -36,7 +36,7 @@ class PublishedCalibrationConfig:
     """Which published runs to fit, and where the fitted system goes."""
 
     dataset: str = "modern_runs"
-    """A shipped dataset (`stepscope.perfmodel.published.DATASETS`)."""
+    """A shipped dataset (`stepscope.perfmodel.validate.datasets.DATASETS`)."""
     runs: tuple[str, ...] = ()
     """Run labels to fit (at least one; all on one system)."""
     system_out: str = "calibrated.toml"

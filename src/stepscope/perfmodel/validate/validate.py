@@ -36,10 +36,10 @@ from statistics import median
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.calibrate_published import fit_factor, scaled
-from stepscope.perfmodel.evaluate import COMM_CAUSES, Prediction, evaluate
-from stepscope.perfmodel.published import DATASETS, PublishedRun, load_dataset
+from stepscope.perfmodel.calibrate.published import fit_factor, scaled
+from stepscope.perfmodel.model.evaluate import COMM_CAUSES, Prediction, evaluate
 from stepscope.perfmodel.runs import RunRecords, SystemLike, check_choice, system_of
+from stepscope.perfmodel.validate.datasets import DATASETS, PublishedRun, load_dataset
 from stepscope.spec.system import SystemSpec
 
 __all__ = ["DATASETS", "PublishedRun", "ValidateConfig", "ValidateOutcome", "ValidationRow", "load_dataset",

@@ -27,7 +27,9 @@ capacity_factor x its fair share), the auxiliary-loss arithmetic (negligible), f
 
 from __future__ import annotations
 
-from stepscope.perfmodel.ops import (
+import numpy as np
+
+from stepscope.perfmodel.model.ops import (
     VECTOR_FLOPS,
     Collective,
     Cost,
@@ -49,9 +51,8 @@ def imbalance(spec: ModelSpec, g: Geometry) -> float:
     """Tokens of the busiest EP rank / the mean: the plan's, capped by a capacity-limited router, which drops
     what exceeds its capacity; 1 with one EP rank, whose GPU holds every expert (imbalance between experts
     then moves no work between GPUs)."""
-    if g.ep == 1:
-        return 1.0
-    return min(g.expert_imbalance, spec.capacity_factor) if spec.capacity_factor else g.expert_imbalance
+    capped = min(g.expert_imbalance, spec.capacity_factor) if spec.capacity_factor else g.expert_imbalance
+    return np.where(np.asarray(g.ep) == 1, 1.0, capped)
 
 
 def routed_tokens(spec: ModelSpec, g: Geometry) -> tuple[float, float]:
@@ -59,7 +60,7 @@ def routed_tokens(spec: ModelSpec, g: Geometry) -> tuple[float, float]:
     the busiest EP rank."""
     busiest = imbalance(spec, g)
     # whole experts (expert_tp 1): no TP gather, a GPU's experts take the copies its own tokens send on average
-    through = g.sharded_tokens if g.expert_split == 1 else g.tokens
+    through = g.sharded_tokens if g.expert_tp == 1 else g.tokens
     return through * spec.experts_per_token * busiest, g.sharded_tokens * spec.experts_per_token * busiest
 
 
@@ -88,8 +89,8 @@ def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
     busiest = imbalance(spec, g)
     mask = 1 if g.dropout else 0
     a2a_fwd, a2a_bwd, back_fwd = _exchanges(spec, g, sent)
-    gather = (Collective("all-gather", routed * h * e, "tp", t),) if t > 1 else ()
-    scatter = (Collective("reduce-scatter", routed * h * e, "tp", t),) if t > 1 else ()
+    gather = (Collective("all-gather", routed * h * e, "tp", t),)
+    scatter = (Collective("reduce-scatter", routed * h * e, "tp", t),)
     ops = [_vector("moe_norm", "moe", "norm", sharded * h, 2 * sharded * h * e, saved=sharded * h * e,
                    params=spec.norm_params()),
            _matrix("router", "moe", sharded, h, n, e, params=h * n, saved=sharded * h * e),
@@ -129,8 +130,6 @@ def _exchanges(spec: ModelSpec, g: Geometry, sent: float) -> tuple[tuple[Collect
     dispatcher sends the `sent` token copies by all-to-all; `deepep` sends each token once per domain holding
     one of its experts (`collectives.dispatch`); `deepep-fp8` sends the forward dispatch in fp8 when the GEMMs
     are fp8 (the combine and the gradients stay 16-bit, as in DeepSeek-V3)."""
-    if g.ep <= 1:
-        return (), (), ()
     h, e, k = spec.d_model, g.act_bytes, spec.experts_per_token
     if g.dispatcher == "alltoall":
         a2a = (Collective("all-to-all", sent * h * e, "ep", g.ep, overlappable=False),)

@@ -18,7 +18,7 @@ from statistics import median
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.evaluate import COMM_CAUSES, Prediction, evaluate
+from stepscope.perfmodel.model.evaluate import COMM_CAUSES, Prediction, evaluate
 from stepscope.perfmodel.records import matches, parse_where
 from stepscope.perfmodel.runs import DEFAULT_SYSTEM, RunRecords, SystemLike, system_of
 from stepscope.results.store import DEFAULT_OUT, read_records

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from stepscope.perfmodel.candidates import Candidates
+from stepscope.perfmodel.model.candidates import Candidates
 
 
 def scalar(value: Any) -> Any:
@@ -52,7 +52,7 @@ def top_answers(cands: Candidates, out: dict[str, np.ndarray], ok: np.ndarray, k
 
 def merge_answers(parts: Sequence[tuple], k: int):
     """Keep the k best of several partial top lists."""
-    from stepscope.perfmodel.candidates import concatenate
+    from stepscope.perfmodel.model.candidates import concatenate
 
     cands = concatenate([p[2] for p in parts])
     out = {key: np.concatenate([p[3][key] for p in parts]) for key in parts[0][3]}

@@ -26,7 +26,9 @@ Conventions (the reference the vectorized evaluator is tested against):
 
 from __future__ import annotations
 
-from stepscope.perfmodel.op_types import Collective, Cost, Geometry, Op
+import numpy as np
+
+from stepscope.perfmodel.model.op_types import Collective, Cost, Geometry, Op
 from stepscope.spec import ModelSpec
 
 __all__ = ["VECTOR_BACKWARD", "VECTOR_FLOPS", "Collective", "Cost", "Geometry", "Op", "activation_precision",
@@ -92,14 +94,15 @@ def _vector(name: str, block: str, kind: str, elements: float, moved: float, *, 
 
 
 def _tp_entry_exit(g: Geometry, width: float) -> tuple[tuple, tuple, tuple, tuple]:
-    """Collectives around a TP block: (entry fwd, entry bwd, exit fwd, exit bwd) for its (tokens x width)."""
-    if g.tp == 1:
-        return (), (), (), ()
+    """Collectives around a TP block: (entry fwd, entry bwd, exit fwd, exit bwd) for its (tokens x width): with
+    sequence parallelism an all-gather in and a reduce-scatter out (their gradients the other way round), without
+    it one all-reduce out forward and one in backward. Both kinds are listed; the plan's sequence parallelism
+    gives the other kind no bytes."""
     nbytes = g.tokens * width * g.act_bytes
-    if g.sequence_parallel:
-        return ((Collective("all-gather", nbytes, "tp", g.tp),), (Collective("reduce-scatter", nbytes, "tp", g.tp),),
-                (Collective("reduce-scatter", nbytes, "tp", g.tp),), (Collective("all-gather", nbytes, "tp", g.tp),))
-    return (), (Collective("all-reduce", nbytes, "tp", g.tp),), (Collective("all-reduce", nbytes, "tp", g.tp),), ()
+    sp, ar = np.where(g.sequence_parallel, nbytes, 0.0), np.where(g.sequence_parallel, 0.0, nbytes)
+    gather, scatter = Collective("all-gather", sp, "tp", g.tp), Collective("reduce-scatter", sp, "tp", g.tp)
+    reduce = Collective("all-reduce", ar, "tp", g.tp)
+    return (gather,), (scatter, reduce), (scatter, reduce), (gather,)
 
 
 def attention_block(spec: ModelSpec, g: Geometry) -> list[Op]:
@@ -140,8 +143,8 @@ def attention_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
     queries = g.micro_batch * g.seq / g.cp  # each context-parallel rank owns seq/cp queries of every sequence
     square_flops = 2.0 * queries * g.seq * h / t  # one s x s matmul (QKᵀ or PV) over all local heads, unmasked
     qk_bytes, v_bytes = tokens * (h + kv) / t * e, tokens * kv / t * e
-    cp_fwd = (Collective("all-gather", 2 * g.micro_batch * g.seq * kv / t * e, "cp", g.cp),) if g.cp > 1 else ()
-    cp_bwd = (Collective("reduce-scatter", 2 * g.micro_batch * g.seq * kv / t * e, "cp", g.cp),) if g.cp > 1 else ()
+    cp_fwd = (Collective("all-gather", 2 * g.micro_batch * g.seq * kv / t * e, "cp", g.cp),)
+    cp_bwd = (Collective("reduce-scatter", 2 * g.micro_batch * g.seq * kv / t * e, "cp", g.cp),)
     if g.flash_attention:
         lse = 4.0 * heads * queries  # fp32 log-sum-exp per query and local head
         forward = square_flops  # two causal halves: QKᵀ and PV
@@ -210,10 +213,9 @@ def layer_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
 def embedding_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
     """Token embedding (vocabulary-parallel: partial rows, then a TP reduction) and learned positions."""
     h, e, t, tokens = spec.d_model, g.act_bytes, g.tp, g.tokens
-    comms: tuple[Collective, ...] = ()
-    if t > 1:
-        kind = "reduce-scatter" if g.sequence_parallel else "all-reduce"
-        comms = (Collective(kind, tokens * h * e, "tp", t),)
+    sp = g.sequence_parallel
+    comms = (Collective("reduce-scatter", np.where(sp, tokens * h * e, 0.0), "tp", t),
+              Collective("all-reduce", np.where(sp, 0.0, tokens * h * e), "tp", t))
     table = spec.vocab_size * h / t
     params = table + (spec.context_length * h if spec.positions == "learned" else 0.0)
     learned = spec.positions == "learned"
@@ -227,13 +229,12 @@ def head_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
     """Final norm, vocabulary projection (vocabulary-parallel) and cross-entropy in fp32."""
     h, e, t = spec.d_model, g.act_bytes, g.tp
     tokens, sharded = g.tokens, g.sharded_tokens
-    gather_fwd: tuple[Collective, ...] = ()
-    gather_bwd: tuple[Collective, ...] = ()
-    if t > 1 and g.sequence_parallel:
-        gather_fwd = (Collective("all-gather", tokens * h * e, "tp", t),)
-        gather_bwd = (Collective("reduce-scatter", tokens * h * e, "tp", t),)
-    elif t > 1:
-        gather_bwd = (Collective("all-reduce", tokens * h * e, "tp", t),)
+    # sequence parallelism gathers the final norm's output for the vocabulary GEMM (reduce-scatter backward);
+    # without it the GEMM's input gradient is all-reduced
+    sp = g.sequence_parallel
+    gather_fwd = (Collective("all-gather", np.where(sp, tokens * h * e, 0.0), "tp", t),)
+    gather_bwd = (Collective("reduce-scatter", np.where(sp, tokens * h * e, 0.0), "tp", t),
+                  Collective("all-reduce", np.where(sp, 0.0, tokens * h * e), "tp", t))
     ops = [_vector("final_norm", "head", "norm", sharded * h, 2 * sharded * h * e,
                    saved=sharded * h * e, params=spec.norm_params())]
     vocab = spec.vocab_size / t
@@ -241,7 +242,7 @@ def head_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
                        saved=sharded * h * e, fwd_comms=gather_fwd, bwd_comms=gather_bwd))
     logits = tokens * vocab
     upcast = 8.0 if e < 4 else 0.0  # a 16-bit logit tensor is copied to fp32 before the loss
-    loss_comms = (Collective("all-reduce", 3 * 4 * tokens, "tp", t),) if t > 1 else ()
+    loss_comms = (Collective("all-reduce", 3 * 4 * tokens, "tp", t),)
     forward = Cost(VECTOR_FLOPS["loss"] * logits, 0.0, logits * (e + upcast + 8), 3, loss_comms)
     backward = Cost(2 * VECTOR_FLOPS["loss"] * logits, 0.0, logits * (8 + (4 + e if e < 4 else 0)), 3)
     ops.append(Op("loss", "head", "vector", forward, backward, saved_bytes=logits * 4))
