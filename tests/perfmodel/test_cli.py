@@ -67,11 +67,15 @@ def test_predict_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
 
 
 def test_predict_with_the_ddp_bucket_planners_layout(cli, tmp_path):
-    code, out, err = cli("predict", "--model", "gpt2", "--gpus", "8", "--global-batch", "32", "--micro-batch", "4",
-                         "--seq", "1024", "--buckets", "torch", "--out", tmp_path)
+    args = ("predict", "--model", "gpt2", "--gpus", "8", "--global-batch", "32", "--micro-batch", "4", "--seq", "1024",
+            "--buckets", "torch", "--out", tmp_path)
+    code, out, err = cli(*args, "--stack", "pytorch-ddp")
     assert code == 0, err
     (record,) = read_records(tmp_path / "predict.jsonl")
-    assert record["config"]["buckets"] == "torch" and record["metrics"]["dp_comm_s"] > 0
+    assert record["config"]["buckets"] == "torch" and record["config"]["plan"]["stack"] == "pytorch-ddp"
+    # Megatron-Core buckets its gradients its own way: DDP's planner does not describe it
+    code, _, err = cli(*args, "--stack", "megatron-core")
+    assert code == 2 and "--buckets torch lays out PyTorch DDP's buckets" in err and len(err.strip().splitlines()) == 1
 
 
 def test_malformed_system_toml_is_one_line(cli, tmp_path):

@@ -16,7 +16,7 @@ CONFIG_KEYS = {"model", "model_spec", "batch", "seq", "precision", "mode", "plan
 
 
 def _points():
-    plan = ParallelPlan(dp=4, tp=2, micro_batch=2)
+    plan = ParallelPlan(dp=4, tp=2, micro_batch=2, stack="pytorch-ddp")
     return tuple(PredictPoint(get_preset(name), Workload(batch=32, seq=512, precision="bf16"), plan)
                  for name in ("gpt2", "small"))
 

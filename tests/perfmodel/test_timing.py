@@ -155,12 +155,13 @@ def test_data_parallel_overlap_hides_all_but_the_last_bucket():
     assert dp_exposed(10.0, 1.0, window_s=100.0, overlap=False) == 10.0
     spec, system = get_preset("megatron-1.7b"), load_system("A100-80GB")
     workload = Workload(batch=512, seq=2048, precision="bf16", mode="fwd-bwd")
-    overlapped = evaluate(spec, workload, ParallelPlan(dp=32, micro_batch=4), system)
-    serial = evaluate(spec, workload, ParallelPlan(dp=32, micro_batch=4, dp_overlap=False), system)
+    ddp = ParallelPlan(dp=32, micro_batch=4, stack="pytorch-ddp")  # PyTorch DDP's size buckets
+    overlapped = evaluate(spec, workload, ddp, system)
+    serial = evaluate(spec, workload, ddp.replace(dp_overlap=False), system)
     assert 0 < overlapped.breakdown["dp_comm"] < serial.breakdown["dp_comm"]
     # a bucket layout passed in (e.g. from the DDP bucket planner) is used as given
     layout = [spec.param_count() - 500_000_000, 500_000_000]
-    big_last = evaluate(spec, workload, ParallelPlan(dp=32, micro_batch=4), system, bucket_elements=layout)
+    big_last = evaluate(spec, workload, ddp, system, bucket_elements=layout)
     assert big_last.breakdown["dp_comm"] > 10 * overlapped.breakdown["dp_comm"]
 
 
@@ -182,7 +183,7 @@ def test_gradient_tensors_feed_the_ddp_bucket_planner():
 
     spec = get_preset("gpt2")
     workload = Workload(batch=8, seq=1024, precision="fp32", mode="fwd-bwd")
-    plan = ParallelPlan(dp=8, micro_batch=1)
+    plan = ParallelPlan(dp=8, micro_batch=1, stack="pytorch-ddp")
     entries = gradient_tensors(spec, workload, plan)
     assert sum(n for _, n, _ in entries) == spec.param_count()
     layout = bucket_numels(plan_buckets(entries, cap_mb=25, rule="torch"))

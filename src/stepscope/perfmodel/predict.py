@@ -18,6 +18,7 @@ from stepscope.perfmodel.runs import DEFAULT_SYSTEM, RunRecords, SystemLike, che
 from stepscope.spec import ModelSpec, Workload
 from stepscope.spec.buckets import bucket_numels, plan_buckets
 from stepscope.spec.plan import ParallelPlan
+from stepscope.spec.stack import load_stack
 from stepscope.spec.system import SystemSpec
 
 BUCKET_RULES = ("size", "torch", "strict")
@@ -106,6 +107,9 @@ def run_predict(config: PredictConfig, out: str | os.PathLike | None = None) -> 
     for point in config.points:
         point.workload.check_fits(point.model.context_length)
         point.plan.check(point.model, point.workload.batch, point.workload.seq)
+        if config.buckets != "size" and load_stack(point.plan.stack).data_parallel != "ddp":
+            raise UsageError(f"--buckets {config.buckets} lays out PyTorch DDP's buckets; the stack "
+                             f"{point.plan.stack} buckets its gradients its own way (use --stack pytorch-ddp)")
         system.accelerator.matrix_peak(point.workload.precision)  # the precision must exist on the system
     records = RunRecords(out, "predict")
     steps = []

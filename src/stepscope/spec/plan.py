@@ -14,6 +14,7 @@ from typing import Any
 
 from stepscope.errors import UsageError
 from stepscope.spec.plan_rules import CONSTRAINTS, Facts, stage_layers
+from stepscope.spec.stack import DEFAULT_STACK, load_stack
 
 __all__ = ["CONSTRAINTS", "DIMENSIONS", "DISPATCHERS", "FP8_RECIPES", "RECOMPUTE", "Facts", "ParallelPlan",
            "stage_layers"]
@@ -103,6 +104,10 @@ class ParallelPlan:
     """The dispatch and combine all-to-alls hide behind the MoE block's GEMMs of the same direction (only what
     exceeds them shows), as schedules that run one micro-batch's all-to-all during another's computation do
     (DeepSeek-V3's DualPipe, Megatron-Core's --overlap-moe-expert-parallel-comm); False: exposed."""
+    stack: str = DEFAULT_STACK
+    """The training software the plan runs on: a stack preset or TOML file (`spec.stack`); it decides how the
+    data-parallel, context-parallel, overlapped tensor-parallel and pipeline exchanges are scheduled and which
+    fused-attention kernel runs."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "interleave", "micro_batch", "pipeline_rounds", "ep"):
@@ -128,6 +133,7 @@ class ParallelPlan:
             raise UsageError(f"dispatcher must be one of {'|'.join(DISPATCHERS)}, got {self.dispatcher!r}")
         if self.fp8_recipe not in FP8_RECIPES:
             raise UsageError(f"fp8_recipe must be one of {'|'.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
+        load_stack(self.stack)  # a UsageError naming the presets for an unknown stack
         if tuple(sorted(self.placement)) != tuple(sorted(DIMENSIONS)):
             raise UsageError(f"placement must order all of {','.join(DIMENSIONS)}, got {','.join(self.placement)}")
         object.__setattr__(self, "placement", tuple(self.placement))
@@ -212,7 +218,8 @@ class ParallelPlan:
                   f"rounds{self.pipeline_rounds}" if self.pipeline_rounds > 1 and self.pp > 1 else "",
                   "" if self.flash_attention else "no-flash",
                   f"imbalance{self.expert_imbalance:g}" if self.expert_imbalance != 1.0 else "",
-                  self.dispatcher if self.dispatcher != "alltoall" else "", "ep-overlap" if self.ep_overlap else ""]
+                  self.dispatcher if self.dispatcher != "alltoall" else "", "ep-overlap" if self.ep_overlap else "",
+                  self.stack if self.stack != DEFAULT_STACK else ""]
         ep = (f"ep{self.ep} " if self.ep > 1 else "") + ("etp1 " if self.expert_tp == 1 and self.tp > 1 else "")
         return (f"dp{self.dp} tp{self.tp} pp{self.pp} cp{self.cp} {ep}mb{self.micro_batch} "
                 + " ".join(e for e in extras if e)).strip()

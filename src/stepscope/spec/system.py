@@ -120,6 +120,13 @@ class NetworkTier:
         return self.latency_us * 1e-6
 
 
+COLLECTIVE_MODELS = ("nccl", "alpha-beta")
+"""How a system's collectives are priced (`perfmodel/model/collectives.py`): `nccl` picks ring, tree or PAT as
+NCCL's tuner does and times the chosen algorithm with its chunks pipelined (latency shows only where it exceeds
+the transfer) and both tiers moving at once; `alpha-beta` is the textbook additive ring/tree model (what gloo does,
+and what `calibrate` fits to measured collectives)."""
+
+
 @dataclass(frozen=True)
 class Network:
     """Two tiers: a fast domain (NVLink) of `domain_size` GPUs, and the inter-domain network (NICs)."""
@@ -130,6 +137,15 @@ class Network:
     """Links inside a domain."""
     inter: NetworkTier
     """Links between domains (one NIC per GPU)."""
+    collectives: str = "alpha-beta"
+    """How collectives are priced: one of COLLECTIVE_MODELS."""
+    launch_us: float = 0.0
+    """Fixed cost of one collective call beyond its per-hop latencies (NCCL's base latency: 8.4 µs for its ring
+    and tree Simple protocol, `src/graph/tuning.cc` `baseLat`)."""
+    collective_sms: int = 0
+    """SMs a collective's kernels hold while it runs beside compute (NCCL: one per channel; 16 on 8-GPU H100
+    nodes with InfiniBand, Megatron-Core's `DistributedDataParallelConfig.nccl_ub` table; NVIDIA/nccl#1649);
+    the compute it overlaps gets the rest of the GPU (`schedule.overlapped_exchange`). 0: not modelled."""
 
 
 @dataclass(frozen=True)
@@ -154,7 +170,8 @@ class SystemSpec:
         acc = dataclasses.asdict(self.accelerator)
         acc["matrix_efficiency_by_GFLOP"] = [list(k) for k in self.accelerator.matrix_efficiency_by_GFLOP]
         return {"name": self.name, "description": self.description, "accelerator": acc,
-                "network": {"domain_size": self.network.domain_size,
+                "network": {"domain_size": self.network.domain_size, "collectives": self.network.collectives,
+                            "launch_us": self.network.launch_us, "collective_sms": self.network.collective_sms,
                             "intra": dataclasses.asdict(self.network.intra),
                             "inter": dataclasses.asdict(self.network.inter)}}
 
@@ -252,7 +269,7 @@ def system_from_dict(data: dict[str, Any], source: str = "system") -> SystemSpec
     if accelerator.reserved_GiB >= accelerator.hbm_GiB:
         raise UsageError(f"accelerator.reserved_GiB ({accelerator.reserved_GiB}) must be below hbm_GiB "
                          f"({accelerator.hbm_GiB})")
-    unknown = sorted(set(net) - {"domain_size", "intra", "inter"})
+    unknown = sorted(set(net) - {"domain_size", "intra", "inter", "collectives", "launch_us", "collective_sms"})
     if unknown:
         raise UsageError(f"unknown key {unknown[0]!r} in [network] of {source}")
     for key in ("domain_size", "intra", "inter"):
@@ -261,8 +278,13 @@ def system_from_dict(data: dict[str, Any], source: str = "system") -> SystemSpec
     domain = net["domain_size"]
     if isinstance(domain, bool) or not isinstance(domain, int) or domain <= 0:
         raise UsageError(f"network.domain_size must be a positive integer, got {domain!r}")
+    collectives = net.get("collectives", "alpha-beta")
+    if collectives not in COLLECTIVE_MODELS:
+        raise UsageError(f"network.collectives must be one of {', '.join(COLLECTIVE_MODELS)}, got {collectives!r}")
     network = Network(domain_size=domain, intra=_tier(net["intra"], "network.intra"),
-                      inter=_tier(net["inter"], "network.inter"))
+                      inter=_tier(net["inter"], "network.inter"), collectives=collectives,
+                      launch_us=_positive(net.get("launch_us", 0.0), "network.launch_us", allow_zero=True),
+                      collective_sms=_count(net.get("collective_sms", 0), "network.collective_sms"))
     return SystemSpec(name=str(data["name"]), accelerator=accelerator, network=network,
                       description=str(data.get("description", "")))
 
@@ -337,7 +359,8 @@ def system_to_toml(system: SystemSpec, header: str = "") -> str:
     lines += [f"name = {_toml_value(data['name'])}", f"description = {_toml_value(data['description'])}", "",
               "[accelerator]"]
     lines += [f"{key} = {_toml_value(value)}" for key, value in data["accelerator"].items()]
-    lines += ["", "[network]", f"domain_size = {data['network']['domain_size']}"]
+    lines += ["", "[network]"] + [f"{key} = {_toml_value(data['network'][key])}"
+                                  for key in ("domain_size", "collectives", "launch_us", "collective_sms")]
     for tier in ("intra", "inter"):
         lines += ["", f"[network.{tier}]"]
         lines += [f"{key} = {_toml_value(value)}" for key, value in data["network"][tier].items()]

@@ -26,6 +26,7 @@ from stepscope.perfmodel.runs import ModelledWorkload
 from stepscope.perfmodel.search.search import SearchSpace
 from stepscope.spec import MODELLED_PRECISIONS, MODES, ModelSpec, Workload
 from stepscope.spec.plan import DISPATCHERS, FP8_RECIPES, RECOMPUTE, ParallelPlan
+from stepscope.spec.stack import list_stacks, load_stack
 from stepscope.spec.system import list_systems
 
 
@@ -59,6 +60,9 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
                       "(and an fp8 forward dispatch in fp8 runs, as DeepSeek-V3)")
     add_config_option(group, ParallelPlan, "--expert-tp", "MoE experts: 0 split over tp like the dense MLP | 1 whole "
                       "on each GPU, EP folded over the TP ranks (Megatron-Core's expert-tensor-parallel size 1)")
+    add_config_option(group, ParallelPlan, "--stack", "the training software (how it schedules data-, context-, "
+                      "tensor- and pipeline-parallel exchanges, which attention kernel runs): a preset ("
+                      + ", ".join(list_stacks()) + ") or a TOML file")
     add_config_option(group, ParallelPlan, "--pipeline-rounds", "pipeline schedules run one after the other per step, "
                       "gradients accumulated across them, each filling and draining the pipeline (gradient "
                       "accumulation outside the schedule: torchtitan, NeMo AutoModel); 1: one schedule (Megatron)")
@@ -78,7 +82,14 @@ def switches_from_args(args: argparse.Namespace) -> dict[str, bool | str | int]:
             "tp_overlap": args.tp_overlap, "ep_overlap": args.ep_overlap,
             "dispatcher": one_value(args.dispatcher, choice(*DISPATCHERS), "--dispatcher"),
             "expert_tp": int(one_value(args.expert_tp, choice("0", "1"), "--expert-tp")),
-            "pipeline_rounds": one_value(args.pipeline_rounds, positive_int, "--pipeline-rounds")}
+            "pipeline_rounds": one_value(args.pipeline_rounds, positive_int, "--pipeline-rounds"),
+            "stack": one_value(args.stack, stack_name, "--stack")}
+
+
+def stack_name(text: str) -> str:
+    """A stack preset name or TOML path (checked: a UsageError naming the presets otherwise)."""
+    load_stack(text)
+    return text
 
 
 def add_plan_options(parser: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 
 from stepscope.perfmodel.model import collectives
 from stepscope.spec.plan import DIMENSIONS, RECOMPUTE, ParallelPlan
+from stepscope.spec.stack import DEFAULT_STACK
 
 PLACEMENTS: tuple[tuple[str, ...], ...] = tuple(itertools.permutations(DIMENSIONS))
 _PLACEMENT_INDEX = {order: i for i, order in enumerate(PLACEMENTS)}
@@ -69,6 +70,7 @@ class Candidates:
     fp32_grads: bool = False
     dp_overlap: bool = True
     tp_overlap: bool = False
+    stack: str = DEFAULT_STACK
     layout: dict[str, np.ndarray] | None = None
     """Members per fast domain of each dimension's group, when the caller computed them already."""
 
@@ -119,7 +121,7 @@ class Candidates:
                             reshard_after_forward=self.reshard_after_forward, fp8_recipe=self.fp8_recipe,
                             ep=int(self.ep[i]), expert_imbalance=self.expert_imbalance, ep_overlap=self.ep_overlap,
                             dispatcher=self.dispatcher, expert_tp=self.expert_tp,
-                            pipeline_rounds=self.pipeline_rounds)
+                            pipeline_rounds=self.pipeline_rounds, stack=self.stack)
 
     @classmethod
     def from_plans(cls, plans: Sequence[ParallelPlan]) -> Candidates:
@@ -129,11 +131,12 @@ class Candidates:
 
         def switches(p: ParallelPlan) -> tuple:
             return (p.dropout, p.fp32_grads, p.dp_overlap, p.tp_overlap, p.reshard_after_forward, p.fp8_recipe,
-                    p.expert_imbalance, p.ep_overlap, p.dispatcher, p.expert_tp, p.pipeline_rounds)
+                    p.expert_imbalance, p.ep_overlap, p.dispatcher, p.expert_tp, p.pipeline_rounds, p.stack)
 
         if any(switches(plan) != switches(first) for plan in plans):
             raise ValueError("plans must share dropout, fp32_grads, dp_overlap, tp_overlap, reshard_after_forward, "
-                             "fp8_recipe, expert_imbalance, ep_overlap, dispatcher, expert_tp and pipeline_rounds")
+                             "fp8_recipe, expert_imbalance, ep_overlap, dispatcher, expert_tp, pipeline_rounds and "
+                             "stack")
 
         def ints(get) -> np.ndarray:
             return np.array([get(p) for p in plans], dtype=np.int64)
@@ -150,7 +153,7 @@ class Candidates:
                    dispatcher=first.dispatcher, expert_tp=first.expert_tp, pipeline_rounds=first.pipeline_rounds,
                    reshard_after_forward=first.reshard_after_forward, fp8_recipe=first.fp8_recipe,
                    dropout=first.dropout, fp32_grads=first.fp32_grads, dp_overlap=first.dp_overlap,
-                   tp_overlap=first.tp_overlap)
+                   tp_overlap=first.tp_overlap, stack=first.stack)
 
 
 def members_per_domain(sizes: np.ndarray, placement: np.ndarray, domain_size: int) -> dict[str, np.ndarray]:

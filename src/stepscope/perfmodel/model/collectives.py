@@ -1,7 +1,26 @@
-"""α–β model of collectives on a two-tier network, over numpy arrays (one element per plan).
+"""Collectives on a two-tier network, over numpy arrays (one element per plan). A group of n ranks spans
+N = ceil(n/g) fast domains with g members in each; B = tier bandwidth x tier efficiency (per GPU,
+unidirectional), α = the tier's per-hop latency. A collective of one rank or of no bytes takes no time.
 
-A group of n ranks spans N = ceil(n/g) fast domains with g members in each. Hierarchical algorithms do
-the intra-domain part on NVLink and the inter-domain part on each GPU's own NIC with 1/g of the data:
+**NCCL** (`Network.collectives = "nccl"`, the GPU presets), from NCCL's own algorithms and tuner (NVIDIA/nccl
+2.30 `src/graph/tuning.cc` `ncclTopoTuneModel`, `src/enqueue.cc` `topoGetAlgoInfo`):
+- each algorithm has a bandwidth term X and a latency term L. In a ring over N domains every GPU is the
+  domain-boundary sender in 1/g of NCCL's channels, so per GPU its NIC carries 1/g and NVLink (g−1)/g of what
+  it sends, at the same time: X = V·max((g−1)/(g·B_intra), 1/(g·B_inter)), V = (n−1)/n·S for reduce-scatter and
+  all-gather, twice that for all-reduce (V/B_intra in one domain). L = (n−N)·α_intra + (N−1)·α_inter hops, twice
+  for all-reduce;
+- all-reduce may also run as NCCL's double binary tree across domains (a chain inside each): X = 2·S·max(1/B_intra,
+  1/(g·B_inter)), L = 2·((g−1)·α_intra + ceil(log2 N)·α_inter); reduce-scatter and all-gather with one GPU per
+  domain may run as PAT (NCCL 2.23, Bruck-like, logarithmic steps; "only supports one rank per node"): X =
+  V/(0.75·B_inter), L = log2(N)·α_inter/3.5 + 2.8 µs·n (tuning.cc's PAT bandwidth factor and linear term);
+- NCCL picks the algorithm with the least X + L (its tuner's additive estimate); the chosen one takes
+  launch + max(X, L): data moves in chunks (512 KiB per channel step, up to 8 in flight), so a hop's latency
+  shows only where a rank's slice is smaller than the latency-bandwidth product, and the whole transfer can
+  never beat the hops it must make. NVLink SHARP (NVLS) and IB SHARP are not modelled.
+
+**α–β** (`"alpha-beta"`: gloo, and what `calibrate` fits to measured collectives): the textbook additive model.
+Hierarchical algorithms do the intra-domain part on NVLink and the inter-domain part on each GPU's own NIC with
+1/g of the data:
 - ring all-reduce:  2(g−1)/g·S/B_intra + 2(g−1)·α_intra + 2(N−1)/N·(S/g)/B_inter + 2(N−1)·α_inter
   (the factor 2 holds in every case, also when the group fits in one tier; the published LBNL model
   dropped it there);
@@ -21,8 +40,7 @@ the intra-domain part on NVLink and the inter-domain part on each GPU's own NIC 
   max(D·(N−1)/N·S/B_inter + α_inter, k·(g−1)/g·S/B_intra + α_intra) (the two tiers are pipelined: NVLink
   forwards what the NIC delivers); in one domain it is the all-to-all of k·S;
 - point-to-point: α + S/B on the tier joining the two ranks.
-B = tier bandwidth x tier efficiency (per GPU, unidirectional), α = tier latency. A collective of one rank or of
-no bytes takes no time.
+All-to-all, dispatch and point-to-point take the formulas above in both models (plus NCCL's launch cost).
 """
 
 from __future__ import annotations
@@ -62,14 +80,69 @@ def tree_all_reduce(nbytes: Any, n: Any, g: Any, network: Network) -> Any:
                     steps * inter.latency_s + 2 * nbytes / inter.bytes_per_s)
 
 
+PAT_BANDWIDTH = 0.75
+"""PAT's bandwidth relative to the ring's (NCCL tuning.cc: `busBw *= .75` for NCCL_ALGO_PAT)."""
+PAT_LINEAR_S = 2.8e-6
+"""PAT's latency per rank ("Still a linear part", tuning.cc: `2.8 * nRanks` µs)."""
+
+
+def _ring_rate(n: Any, g: Any, network: Network) -> Any:
+    """Seconds per byte a GPU sends around a ring: both tiers at once, its NIC carrying 1/g of it."""
+    one_domain = np.asarray(g) >= np.asarray(n)
+    both = np.maximum((g - 1) / g / network.intra.bytes_per_s, 1 / g / network.inter.bytes_per_s)
+    return np.where(one_domain, 1 / network.intra.bytes_per_s, both)
+
+
+def _nccl(candidates: list[tuple[Any, Any, Any]], network: Network) -> Any:
+    """Of (bandwidth term, latency term, allowed) per algorithm: the time of the one NCCL's tuner picks (least
+    X + L among the allowed), launch + max(X, L)."""
+    best_cost, best_time = np.inf, np.inf
+    for x, latency, allowed in candidates:
+        cost = np.where(allowed, x + latency, np.inf)
+        best_time = np.where(cost < best_cost, np.maximum(x, latency), best_time)
+        best_cost = np.minimum(cost, best_cost)
+    return network.launch_us * 1e-6 + best_time
+
+
+def _ring(nbytes: Any, n: Any, g: Any, network: Network, passes: int) -> tuple[Any, Any, Any]:
+    """(X, L, allowed) of NCCL's ring over `passes` passes: 1 for reduce-scatter or all-gather, 2 for all-reduce."""
+    domains = np.ceil(n / g)
+    volume = passes * (n - 1) / np.maximum(n, 1) * nbytes
+    hops = passes * ((n - domains) * network.intra.latency_s + (domains - 1) * network.inter.latency_s)
+    return volume * _ring_rate(n, g, network), hops, True
+
+
+def _pat(nbytes: Any, n: Any, g: Any, network: Network) -> tuple[Any, Any, Any]:
+    """(X, L, allowed) of NCCL's PAT reduce-scatter or all-gather: one GPU per domain only."""
+    domains = np.ceil(n / g)
+    return ((n - 1) / np.maximum(n, 1) * nbytes / (PAT_BANDWIDTH * network.inter.bytes_per_s),
+            np.log2(np.maximum(domains, 1)) * network.inter.latency_s / 3.5 + PAT_LINEAR_S * n,
+            (np.asarray(g) == 1) & (domains > 1))
+
+
+def _tree(nbytes: Any, n: Any, g: Any, network: Network) -> tuple[Any, Any, Any]:
+    """(X, L, allowed) of NCCL's all-reduce over double binary trees across domains, a chain inside each."""
+    domains = np.ceil(n / g)
+    depth = np.ceil(np.log2(np.maximum(domains, 1)))
+    return (2 * nbytes * np.maximum(1 / network.intra.bytes_per_s, 1 / (g * network.inter.bytes_per_s)),
+            2 * ((g - 1) * network.intra.latency_s + depth * network.inter.latency_s), domains > 1)
+
+
 def all_reduce(nbytes: Any, n: Any, g: Any, network: Network) -> Any:
-    """Seconds for an all-reduce of a `nbytes` buffer over n ranks, g per domain (best of ring and tree)."""
-    t = np.minimum(ring_all_reduce(nbytes, n, g, network), tree_all_reduce(nbytes, n, g, network))
+    """Seconds for an all-reduce of a `nbytes` buffer over n ranks, g per domain (NCCL: ring or tree as its tuner
+    picks; α–β: the faster of ring and tree)."""
+    if network.collectives == "nccl":
+        t = _nccl([_ring(nbytes, n, g, network, 2), _tree(nbytes, n, g, network)], network)
+    else:
+        t = np.minimum(ring_all_reduce(nbytes, n, g, network), tree_all_reduce(nbytes, n, g, network))
     return np.where(_runs(nbytes, n), t, 0.0)
 
 
 def reduce_scatter(nbytes: Any, n: Any, g: Any, network: Network) -> Any:
     """Seconds for a reduce-scatter (or all-gather) whose total size is `nbytes`."""
+    if network.collectives == "nccl":
+        t = _nccl([_ring(nbytes, n, g, network, 1), _pat(nbytes, n, g, network)], network)
+        return np.where(_runs(nbytes, n), t, 0.0)
     domains = np.ceil(n / g)
     intra, inter = network.intra, network.inter
     t = ((g - 1) / g * nbytes / intra.bytes_per_s + (g - 1) * intra.latency_s
@@ -87,7 +160,12 @@ def all_to_all(nbytes: Any, n: Any, g: Any, network: Network) -> Any:
     t = (g - 1) / n_safe * nbytes / intra.bytes_per_s + np.where(np.asarray(g) > 1, intra.latency_s, 0.0)
     t = t + np.where(np.asarray(n) > np.asarray(g), (n - g) / n_safe * nbytes / inter.bytes_per_s + inter.latency_s,
                      0.0)
-    return np.where(_runs(nbytes, n), t, 0.0)
+    return np.where(_runs(nbytes, n), t + _launch(network), 0.0)
+
+
+def _launch(network: Network) -> float:
+    """NCCL's fixed cost per call (0 in the α–β model, which folds it into α)."""
+    return network.launch_us * 1e-6 if network.collectives == "nccl" else 0.0
 
 
 def reachable_domains(domains: Any, groups: int = 0, groups_per_token: int = 0) -> Any:
@@ -113,15 +191,16 @@ def dispatch(nbytes: Any, n: Any, g: Any, network: Network, copies: float = 1.0,
     inter = remote * nbytes / network.inter.bytes_per_s + network.inter.latency_s
     intra = (copies * (g - 1) / g * nbytes / network.intra.bytes_per_s
              + np.where(np.asarray(g) > 1, network.intra.latency_s, 0.0))
-    t = np.where(domains == 1, all_to_all(copies * nbytes, n, g, network), np.maximum(inter, intra))
+    t = np.where(domains == 1, all_to_all(copies * nbytes, n, g, network),
+                 np.maximum(inter, intra) + _launch(network))
     return np.where(_runs(nbytes, n), t, 0.0)
 
 
 def p2p(nbytes: Any, same_domain: Any, network: Network) -> Any:
     """Seconds to send `nbytes` from one rank to another."""
     intra, inter = network.intra, network.inter
-    return np.where(same_domain, intra.latency_s + nbytes / intra.bytes_per_s,
-                    inter.latency_s + nbytes / inter.bytes_per_s)
+    return _launch(network) + np.where(same_domain, intra.latency_s + nbytes / intra.bytes_per_s,
+                                       inter.latency_s + nbytes / inter.bytes_per_s)
 
 
 def collective_time(kind: str, nbytes: Any, n: Any, g: Any, network: Network, copies: float = 1.0,

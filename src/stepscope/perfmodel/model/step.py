@@ -25,10 +25,13 @@ from typing import Any
 import numpy as np
 
 from stepscope.perfmodel.model.candidates import Candidates
+from stepscope.perfmodel.model.data_parallel import Windows
+from stepscope.perfmodel.model.data_parallel import exposed as data_parallel_exposed
 from stepscope.perfmodel.model.ops import activation_precision
-from stepscope.perfmodel.model.schedule import bubble, dp_exposed, gradient_reductions, zero3_gathers
+from stepscope.perfmodel.model.schedule import bubble
 from stepscope.perfmodel.model.terms import Span, Terms
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
+from stepscope.spec.stack import load_stack
 from stepscope.spec.system import SystemSpec
 
 GiB = 2.0**30
@@ -53,7 +56,6 @@ def assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candida
     """Every output of a prediction (phases and breakdown in seconds or ms, step_s, tokens/s, MFU, HFU, memory)."""
     backward = workload.mode != "fwd"
     m, pp, rounds = T.m, T.pp, T.rounds
-    single = pp == 1
 
     # ---- pipeline stages: the slowest sets the pace ------------------------------------------------------
     kinds = [(T.dense, T.dense.backward + _choose_span(rec, list(T.dense.recompute)))]
@@ -77,28 +79,21 @@ def assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candida
                     for k, (kind, _) in enumerate(kinds))
     p2p_fwd, p2p_bwd = T.p2p_s
 
-    # ---- data parallelism: gradient reduction, HSDP replicas, weight gathers --------------------------------
+    # ---- data parallelism: gradient reduction, HSDP replicas, weight gathers, as the stack schedules them -----
     dp = T.dp_sizes
-    overlap = c.dp_overlap
-    total, last = (np.where(zero == 0, a, b) for a, b in zip(*(T.reduce_s[k] for k in ("all-reduce", "reduce-scatter")),
-                                                             strict=True))
-    reduce_s = gradient_reductions(pp, rounds, zero, m) * dp_exposed(total, last, stage_bwd.total_s, overlap)
-    replicas_s = np.where(single, 1, rounds) * dp_exposed(*T.reduce_s["replicas"], stage_bwd.total_s, overlap)
-    reduce_s = reduce_s + np.where((zero >= 1) & (dp["replicas"] > 1), replicas_s, 0.0)
-    forwards, backwards = zero3_gathers(pp, rounds, m, backward, c.reshard_after_forward)
-    weights_s, first_s = T.gather_s["zero3"]
-    if overlap:
-        zero3_s = (forwards * np.maximum(weights_s - stage_fwd.total_s, first_s)
-                   + backwards * np.maximum(weights_s - stage_bwd.total_s, first_s))
-        updated_s = np.maximum(T.gather_s["updated"][0] - stage_fwd.total_s, T.gather_s["updated"][1])
-    else:
-        zero3_s, updated_s = (forwards + backwards) * weights_s, T.gather_s["updated"][0]
+    optimizer_s = np.where(zero >= 1, T.optimizer_s[1], T.optimizer_s[0])
+    windows = Windows(forward=stage_fwd.total_s, backward=stage_bwd.total_s, p2p=p2p_fwd / T.interleave,
+                      optimizer=optimizer_s, blocks=T.critical_blocks)
+    share = min(1.0, system.network.collective_sms / system.accelerator.sm_count) if (
+        system.network.collective_sms and system.accelerator.sm_count) else 0.0
+    reduce_s, gather_s = data_parallel_exposed(
+        load_stack(c.stack).data_parallel, T.dp, windows, zero=zero, pp=pp, interleave=T.interleave, rounds=rounds,
+        micro_batches=m, backward=backward, train=workload.mode == "train",
+        reshard_after_forward=c.reshard_after_forward, overlap=c.dp_overlap, share=share)
     experts = _choose(T.critical, [p[1] for p in T.stage_params])
     has_dp = (dp["dp_cp"] > 1) | ((experts > 0) & (dp["edp"] > 1))
     reduce_s = np.where(has_dp & backward, reduce_s, 0.0)
-    gather_s = np.where(has_dp & (zero == 3), zero3_s,
-                        np.where(has_dp & (zero >= 1) & (workload.mode == "train"), updated_s, 0.0))
-    optimizer_s = np.where(zero >= 1, T.optimizer_s[1], T.optimizer_s[0])
+    gather_s = np.where(has_dp, gather_s, 0.0)
 
     # ---- phases, breakdown, FLOPs --------------------------------------------------------------------------
     bubble_s = bubble(pp, T.interleave, stage_fwd.total_s + stage_bwd.total_s + p2p_fwd + p2p_bwd, rounds)

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from stepscope.perfmodel.model.candidates import Candidates
-from stepscope.perfmodel.model.collectives import collective_time, p2p
+from stepscope.perfmodel.model.collectives import p2p
+from stepscope.perfmodel.model.data_parallel import DataParallelTerms, data_parallel_terms
 from stepscope.perfmodel.model.layout import data_parallel_sizes, geometry, group_layout
 from stepscope.perfmodel.model.op_types import Geometry, Op
 from stepscope.perfmodel.model.ops import activation_precision, embedding_ops, head_ops, layer_ops
@@ -32,11 +33,11 @@ from stepscope.perfmodel.model.schedule import (
     held_micro_batches,
     optimizer_time,
     overlapped_exchange,
-    size_buckets,
 )
 from stepscope.perfmodel.model.tensors import param_tensors
 from stepscope.spec import ModelSpec, Workload
 from stepscope.spec.plan import stage_layers
+from stepscope.spec.stack import load_stack
 from stepscope.spec.system import SystemSpec
 
 STAGES = ("first", "middle", "last")
@@ -172,12 +173,10 @@ class Terms:
     critical: Any
     """The stage with the most parameters (index into STAGES): it sets the data-parallel and optimizer time."""
     dp_sizes: dict[str, Any]
-    reduce_s: dict[str, tuple[Any, Any]]
-    """(all buckets, last bucket) seconds of one gradient reduction: `all-reduce` (ZeRO 0), `reduce-scatter` (ZeRO
-    >= 1, within the shard group), `replicas` (HSDP: the shards all-reduced across replicas)."""
-    gather_s: dict[str, tuple[Any, Any]]
-    """(all, first bucket) seconds of gathering the stage's weights: `updated` (ZeRO-1/2, 16-bit shards after the
-    optimizer) and `zero3` (ZeRO-3, fp8 where the recipe allows)."""
+    dp: DataParallelTerms
+    """The critical stage's data-parallel collectives (`data_parallel.py`)."""
+    critical_blocks: Any
+    """Transformer blocks on the critical stage (FSDP's units)."""
     optimizer_s: tuple[Any, Any]
     """The Adam step over all local parameters, and over the ZeRO shard."""
     gathered_layer_bytes: Any
@@ -199,6 +198,7 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     (elements per bucket, in launch order, shared by every plan); without it buckets of `bucket_cap_MiB`."""
     act = activation_precision(workload.precision)
     acc, network = system.accelerator, system.network
+    stack = load_stack(c.stack)
     backward = workload.mode != "fwd"
     g = geometry(c, workload, flash_attention)
     e = g.act_bytes
@@ -251,46 +251,18 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     params, experts = (_pick(critical, [p[k] for p in stage_params]) for k in (0, 1))
     critical_dense, critical_moe = (_pick(critical, [b[k] for b in blocks]) for k in (0, 1))
 
-    # data-parallel collectives of the critical stage, for every ZeRO stage: gradients all-reduced (ZeRO 0) or
-    # reduce-scattered within the shard group and the shards all-reduced across replicas (HSDP); routed experts
-    # with a group of their own reduced over it, launched first; weights gathered after the optimizer (ZeRO-1/2,
-    # 16-bit) or before each pass (ZeRO-3: fp8 where the recipe casts before gathering)
+    # data-parallel collectives of the critical stage, for every ZeRO stage, as its stack schedules them
     dp = data_parallel_sizes(c)
     grad_bytes = 4 if c.fp32_grads else e
-    cap = bucket_cap_MiB * 2**20 / grad_bytes
-
-    def buckets(total: Any, kind: str, n: Any, group: str, scale: Any = 1.0) -> tuple[Any, Any]:
-        """(all, last) seconds of reducing `total` gradient elements in buckets."""
-        def one(elements: Any) -> Any:
-            return collective_time(kind, elements * scale * grad_bytes, n, layout[group], network)
-        if bucket_elements:
-            times = [one(b) for b in bucket_elements]
-            return sum(times), times[-1]
-        full, rest = size_buckets(total, cap)
-        return full * one(cap) + one(rest), one(rest)
-
-    reduce_s = {"all-reduce": buckets(params, "all-reduce", dp["dp_cp"], "dp_cp"),
-                "reduce-scatter": buckets(params, "reduce-scatter", dp["shard"], "shard"),
-                "replicas": buckets(params, "all-reduce", dp["replicas"], "replica", 1.0 / dp["shard"])}
-    if moe is not None:
-        for kind in ("all-reduce", "reduce-scatter"):
-            full, rest = size_buckets(experts, cap)
-            expert_s = (full * collective_time(kind, cap * grad_bytes, dp["edp"], layout["edp"], network)
-                        + collective_time(kind, rest * grad_bytes, dp["edp"], layout["edp"], network))
-            total, last_bucket = reduce_s[kind]
-            reduce_s[kind] = (total + np.where(experts > 0, expert_s, 0.0), last_bucket)
-    first_share = np.minimum(1.0, (bucket_elements[0] if bucket_elements else cap) / np.maximum(params, 1e-300))
-    fp8_gather = g.fp8 and c.fp8_recipe != "blockwise"
+    fp8_gather = g.fp8 and c.fp8_recipe != "blockwise"  # ZeRO-3 gathers fp8 weights where the recipe allows
     fp8_params = dense.fp8_params * critical_dense + moe_kind.fp8_params * critical_moe
-    gathers = {"updated": params * e,
-               "zero3": (fp8_params + (params - fp8_params) * e) if fp8_gather else params * e}
-    gather_s = {}
-    for name, nbytes in gathers.items():
-        expert_bytes = experts * (1 if name == "zero3" and fp8_gather else e)
-        total = (collective_time("all-gather", nbytes, dp["shard"], layout["shard"], network)
-                 + collective_time("all-gather", expert_bytes, dp["edp"], layout["edp"], network))
-        gather_s[name] = (total, collective_time("all-gather", first_share * nbytes, dp["shard"], layout["shard"],
-                                                 network))
+    root = emb_params * (critical == 0) + head_params * _pick(critical, list(holds_head))
+    dp_terms = data_parallel_terms(
+        stack.data_parallel, layout, network, dp, params=params, experts=experts,
+        blocks=critical_dense + critical_moe, root=root,
+        zero3_bytes=(fp8_params + (params - fp8_params) * e) if fp8_gather else params * e,
+        zero3_expert_bytes=experts * (1 if fp8_gather else e), act_bytes=e, grad_bytes=grad_bytes,
+        chunks=np.where(single, 1, c.interleave), bucket_cap_MiB=bucket_cap_MiB, bucket_elements=bucket_elements)
 
     # the optimizer over all local parameters, or over the ZeRO shard
     optimizer_s = (0.0, 0.0)
@@ -305,7 +277,8 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
         m=m, gpus=c.gpus, pp=c.pp, interleave=c.interleave, rounds=c.pipeline_rounds, dense=dense, moe=moe,
         embedding=embedding, head=head_spans, p2p_s=p2p_s, stage_blocks=blocks, stage_exists=exists,
         holds_head=holds_head, held=held,
-        stage_params=stage_params, critical=critical, dp_sizes=dp, reduce_s=reduce_s, gather_s=gather_s,
+        stage_params=stage_params, critical=critical, dp_sizes=dp, dp=dp_terms,
+        critical_blocks=critical_dense + critical_moe,
         optimizer_s=optimizer_s, gathered_layer_bytes=2 * largest_layer * e,
         head_activation_bytes=g.tokens * vocab * (e + 4 + (4 if e < 4 else 0)),  # logits, fp32 log-probs and copy
         forward_only_bytes=np.maximum.reduce(np.broadcast_arrays(*[op.saved_bytes for op in dense_ops + moe_ops])))

@@ -28,6 +28,7 @@ from stepscope.perfmodel.search.pool import map_chunks, pool_size
 from stepscope.perfmodel.search.top import merge_answers, scalar, top_answers
 from stepscope.spec import ModelSpec, Workload
 from stepscope.spec.plan import CONSTRAINTS, DIMENSIONS, RECOMPUTE, Facts, ParallelPlan
+from stepscope.spec.stack import DEFAULT_STACK
 from stepscope.spec.system import SystemSpec
 
 # Candidates per evaluation chunk: large enough that the Python between array operations is amortized, small
@@ -95,6 +96,8 @@ class SearchSpace:
     """Whole experts with EP folded over the TP ranks (1) or experts split over tp (0) (`ParallelPlan.expert_tp`)."""
     pipeline_rounds: int = 1
     """Pipeline schedules per step, the same for every plan (`ParallelPlan.pipeline_rounds`)."""
+    stack: str = DEFAULT_STACK
+    """The training software every plan runs on (`ParallelPlan.stack`)."""
 
     def __post_init__(self) -> None:
         # a value given twice is one value: kept twice, every plan with it would be counted (and tied) twice
@@ -102,7 +105,7 @@ class SearchSpace:
             if isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(dict.fromkeys(value)))
         # the plan's rules for the values every plan shares
-        ParallelPlan(expert_imbalance=self.expert_imbalance, pipeline_rounds=self.pipeline_rounds)
+        ParallelPlan(expert_imbalance=self.expert_imbalance, pipeline_rounds=self.pipeline_rounds, stack=self.stack)
 
 
 @dataclass
@@ -286,7 +289,7 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
                            shard_group=rows.shard_group[r], reshard_after_forward=space.reshard_after_forward,
                            fp8_recipe=space.fp8_recipe, ep=rows.ep[r], expert_imbalance=space.expert_imbalance,
                            ep_overlap=space.ep_overlap, dispatcher=space.dispatcher, expert_tp=space.expert_tp,
-                           pipeline_rounds=space.pipeline_rounds,
+                           pipeline_rounds=space.pipeline_rounds, stack=space.stack,
                            layout={d: np.repeat(g[lo:hi], k) for d, g in layout.items()})
         out = evaluate_many(spec, workload, system, cands, group_size=k)
         ok = out["feasible"]
