@@ -81,7 +81,12 @@ def test_param_bytes_and_workload():
 
 # Parameter counts published with the released checkpoints (Hugging Face model cards / num_parameters()).
 EXACT = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200,
-         "llama3-8b": 8_030_261_248, "llama3-70b": 70_553_706_496, "llama3-405b": 405_853_388_800}
+         "llama3-8b": 8_030_261_248, "llama3-70b": 70_553_706_496, "llama3-405b": 405_853_388_800,
+         # meta-llama/Llama-2-{7b,13b,70b}-hf num_parameters() (the paper names them 7B, 13B, 70B)
+         "llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320, "llama2-70b": 68_976_648_192,
+         # mosaicml/llm-foundry scripts/train/benchmarking/README.md @5e85bd62d, column NumParams at SeqLen 2048
+         "mpt-7b": 6_658_859_008, "mpt-13b": 12_853_954_560, "mpt-30b": 29_975_214_080,
+         "mpt-70b": 64_862_437_376}
 # Sizes the papers name them by (Brown et al. 2020; Narayanan et al. 2021, Table 1; Smith et al. 2022).
 NAMED = {"gpt3-175b": 175e9, "mt-nlg-530b": 530e9, "megatron-1t": 1.0e12,
          **{f"megatron-{size}b": size * 1e9 for size in (1.7, 3.6, 7.5, 18.4, 39.1, 76.1, 145.6, 310.1, 529.6)}}
@@ -101,3 +106,29 @@ def test_every_preset_validates_and_has_its_published_size(name):
 
 def test_every_published_size_names_a_preset():
     assert set(EXACT) | set(NAMED) <= set(list_presets())
+
+
+def test_mpt_counts_follow_the_sequence_as_llm_foundry_prints_them():
+    """MPT's learned position table grows with the sequence: llm-foundry's NumParams for its 3B at SeqLen 512, 2048
+    (mpt-3b at the yaml's 2048 is not in that table), 8192 and 32768."""
+    assert get_preset("mpt-3b", context_length=512).param_count() == 2_647_905_280
+    assert get_preset("mpt-3b", context_length=8192).param_count() == 2_667_566_080
+    assert get_preset("mpt-3b", context_length=32768).param_count() == 2_730_480_640
+
+
+# Sizes printed with a few digits, and how far a count may lie from the printed figure under the source's rounding.
+ROUNDED = [
+    # NVIDIA/Megatron-LM README @f2e5db402c, images/model_table.png 'Model size'. The README does not say how it
+    # rounds: 1.7B, 7.1B, 16B, 70B, 177B, 314B are our counts to the nearest unit, while 32B, 119B and 462B are half
+    # a unit above ours (31.48B, 118.46B, 461.47B), so the bound is one unit of the last printed digit.
+    ("mcore-gpt-1.7b", 1.7e9, 0.1e9), ("mcore-gpt-7.1b", 7.1e9, 0.1e9), ("mcore-gpt-16b", 16e9, 1e9),
+    ("mcore-gpt-32b", 32e9, 1e9), ("mcore-gpt-70b", 70e9, 1e9), ("mcore-gpt-119b", 119e9, 1e9),
+    ("mcore-gpt-177b", 177e9, 1e9), ("mcore-gpt-314b", 314e9, 1e9), ("mcore-gpt-462b", 462e9, 1e9),
+    # MegaScale (Jiang et al. 2024, arXiv 2402.15627) Table 1: 175B and 530B, to the nearest billion
+    ("megascale-175b", 175e9, 0.5e9), ("megascale-530b", 530e9, 0.5e9),
+]
+
+
+@pytest.mark.parametrize("name,published,bound", ROUNDED)
+def test_presets_within_the_rounding_of_their_published_size(name, published, bound):
+    assert abs(get_preset(name).param_count() - published) < bound

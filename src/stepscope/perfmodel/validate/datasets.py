@@ -1,15 +1,20 @@
 """Published measured training runs, as (model, workload, plan, system, measured step time) to predict.
 
-Two datasets ship in `stepscope/data/validation/`:
+Three datasets ship in `stepscope/data/validation/` (docs/validation-data.md lists every source, what each row
+assumes and which published runs are left out and why):
 - `narayanan2021_table1`: Megatron-LM GPT 1.7B-1T on up to 3,072 A100s (Narayanan et al. 2021, Table 1), with
   the assumptions `validate.py` states (the 2021 software: fp16, no flash attention, full recomputation, ...);
-- `modern_runs`: dense Llama-class runs of 2024-25 (H100/H200, bf16 and fp8, uneven pipelines, context
-  parallelism), one row per run with its source and the exact configuration the source gives; what a source
-  does not give is stated in the row's notes as an assumption, never fitted;
-- `moe_runs`: Mixture-of-Experts runs (Mixtral, Qwen3-MoE, DeepSeek-V3 on H100/H800/B200; Megatron-Core,
-  Megatron-Bridge, NeMo AutoModel, DeepSeek's report), the same columns plus `ep` and `etp` (expert tensor
-  parallelism: a row with etp 1 and tp > 1 is predicted with whole experts, `ParallelPlan.expert_tp` 1).
-  DeepSeek-V3 rows use the `deepseek-v3-gqa` preset (GQA with MLA's weights, no multi-token prediction module).
+- `modern_runs`: dense runs of 2021-25 (A100/H100/H200/B200, bf16 and fp8, from 8 to 16,384 GPUs: Megatron-LM,
+  Megatron-Core/NeMo, Megatron-DeepSpeed, PyTorch FSDP, Meta's Llama 3), one row per run with its source and the
+  exact configuration the source gives; what a source does not give is stated in the row's notes as an
+  assumption, never fitted;
+- `moe_runs`: Mixture-of-Experts runs (Mixtral, Qwen3-MoE, DeepSeek-V3, MegaScale-MoE's 352B on H100/H800/B200;
+  Megatron-Core, Megatron-Bridge, NeMo AutoModel, DeepSeek's report), the same columns plus `ep` and `etp`
+  (expert tensor parallelism: a row with etp 1 and tp > 1 is predicted with whole experts,
+  `ParallelPlan.expert_tp` 1). DeepSeek-V3 rows use the `deepseek-v3-gqa` preset (GQA with MLA's weights, no
+  multi-token prediction module).
+Every `modern_runs`/`moe_runs` row names its publication (`source_key`) and its training software (`stack`, one of
+`STACKS`); Table 1's rows are all `narayanan2021` / `megatron-lm-2022`.
 Optional columns name the software of a run where it differs from today's defaults: `flash` (no: the s x s
 scores are materialised, as in Megatron-LM before 2023), `dropout` (yes: masks kept), `fp32_grads` (yes:
 Megatron's fp32 main_grad), `dispatcher` and `ep_overlap` (MoE token exchange, `ParallelPlan`),
@@ -20,8 +25,9 @@ A source publishes a step time, tokens/s per GPU, TFLOP/s per GPU or MFU; each b
 time: as published, B·s / (tokens/s/GPU · GPUs), or the run's FLOPs / (rate · GPUs) with the FLOPs counted as
 the source counts them (`flops_convention`: `6N+attention` is stepscope's `ModelSpec.flops_per_token` with
 causal attention counted half, `6N+attention-full` with the full s x s square, as Megatron's and Meta's MFU do;
-`6N` without attention; for MoE models N counts the activated weights), and MFU against the bf16 dense peak
-of the row's system.
+`6N` without attention; for MoE models N counts the activated weights; `megatron-recompute` the hardware FLOPs
+with full recomputation that Narayanan et al. 2021 and Megatron-DeepSpeed print), and MFU against the bf16 dense
+peak of the row's system.
 """
 
 from __future__ import annotations
@@ -55,6 +61,10 @@ class PublishedRun:
     """The system preset the run is predicted on."""
     citation: str = ""
     flops_convention: str = "megatron-recompute"
+    source_key: str = ""
+    """Short id of the publication the run comes from (docs/validation-data.md lists them)."""
+    stack: str = ""
+    """The training software that ran it, one of `STACKS`."""
 
     @property
     def published_flops(self) -> float:
@@ -62,7 +72,18 @@ class PublishedRun:
         return run_flops(self.model, self.workload, self.flops_convention)
 
 
-FLOPS_CONVENTIONS = ("6N+attention", "6N+attention-full", "6N")
+FLOPS_CONVENTIONS = ("6N+attention", "6N+attention-full", "6N", "megatron-recompute")
+
+STACKS = {
+    "megatron-core": "Megatron-Core + Transformer Engine (NeMo, Megatron-Bridge, DGX Cloud recipes, Megatron-LM 2024)",
+    "megatron-lm-2022": "Megatron-LM before Transformer Engine (Narayanan 2021, Korthikanti 2022, early 2023)",
+    "megatron-deepspeed": "Megatron-DeepSpeed (MT-NLG, BLOOM)",
+    "fsdp": "PyTorch FSDP1 (Composer / llm-foundry)",
+    "fsdp2": "PyTorch FSDP2 (NeMo AutoModel)",
+    "llama3": "Meta's Llama 3 training stack",
+    "deepseek": "DeepSeek's HAI-LLM",
+}
+"""The training software a published run used (the `stack` column)."""
 
 
 def run_flops(spec: ModelSpec, workload: Workload, convention: str) -> float:
@@ -85,6 +106,12 @@ def load_dataset(name: str = DATASETS[0]) -> list[PublishedRun]:
     if name not in DATASETS:
         raise UsageError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
     text = (resources.files("stepscope") / "data" / "validation" / f"{name}.csv").read_text(encoding="utf-8")
+    return read_runs(text, name)
+
+
+def read_runs(text: str, name: str) -> list[PublishedRun]:
+    """The runs of a CSV text in the schema of dataset `name` (Table 1's, or the `modern_runs` one for any other
+    name); `#` lines are comments."""
     rows = csv.DictReader(io.StringIO("\n".join(line for line in text.splitlines() if not line.startswith("#"))))
     return [_narayanan(row, name) if name == "narayanan2021_table1" else _modern(row, name) for row in rows]
 
@@ -101,11 +128,16 @@ def _narayanan(row: dict[str, str], name: str) -> PublishedRun:
     return PublishedRun(source=name, model=model, workload=workload, plan=plan,
                         measured_step_s=float(row["iteration_s"]),
                         measured_tflops_per_gpu=float(row["tflops_per_gpu"]), label=f"{row['params_billion']}B",
-                        citation="Narayanan et al. 2021, Table 1")
+                        citation="Narayanan et al. 2021, Table 1", source_key="narayanan2021",
+                        stack="megatron-lm-2022")
 
 
 def _modern(row: dict[str, str], name: str) -> PublishedRun:
     """A `modern_runs` row: the plan as published, the measured metric turned into a step time."""
+    if not (row.get("source_key") or "").strip():
+        raise UsageError(f"{name}: run {row['id']} has no source_key")
+    if row.get("stack") not in STACKS:
+        raise UsageError(f"{name}: unknown stack {row.get('stack')!r} in run {row['id']}; known: {', '.join(STACKS)}")
     model = get_preset(row["model"])
     if row.get("expert_groups"):  # a benchmark's own routing (e.g. a fake balanced gate), not the model's
         model = model.replace(expert_groups=int(row["expert_groups"]), groups_per_token=int(row["groups_per_token"]))
@@ -141,4 +173,5 @@ def _modern(row: dict[str, str], name: str) -> PublishedRun:
         raise UsageError(f"{name}: unknown metric {metric!r} in run {row['id']}")
     return PublishedRun(source=name, model=model, workload=workload, plan=plan, measured_step_s=step_s,
                         measured_tflops_per_gpu=flops / step_s / gpus / 1e12, label=row["id"], system=row["system"],
-                        citation=row["source"], flops_convention=convention)
+                        citation=row["source"], flops_convention=convention, source_key=row["source_key"],
+                        stack=row["stack"])
