@@ -8,7 +8,8 @@ from importlib import resources
 import pytest
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.validate.datasets import DATASETS, STACKS, load_dataset, read_runs
+from stepscope.perfmodel.validate.datasets import DATASETS, load_dataset, read_runs
+from stepscope.spec.stack import list_stacks
 
 RUNS = {run.label: run for name in DATASETS for run in load_dataset(name)}
 
@@ -100,7 +101,7 @@ def test_every_shipped_row_loads_with_its_publication_and_stack():
     counts = {name: len(load_dataset(name)) for name in DATASETS}
     assert sum(counts.values()) == len(RUNS) >= 60  # run ids are unique across the datasets
     assert len({run.source_key for run in RUNS.values()}) >= 6
-    assert all(run.source_key and run.stack in STACKS for run in RUNS.values())
+    assert all(run.source_key and run.stack in list_stacks() and run.plan.stack == run.stack for run in RUNS.values())
     assert {(run.source_key, run.stack) for run in load_dataset("narayanan2021_table1")} == {
         ("narayanan2021", "megatron-lm-2022")}
     # a source's rows share one stack here; MegaScale's Megatron-LM baseline is the 2023 pre-TE code

@@ -19,7 +19,10 @@ DESCRIPTION = ("Predict every published run of a dataset shipped with stepscope 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     add_system_option(parser, ValidateConfig)
-    add_config_option(parser, ValidateConfig, "--dataset", f"one of {', '.join(DATASETS)}")
+    add_config_option(parser, ValidateConfig, "--dataset", f"one of {', '.join(DATASETS)}, all, or your own CSV in "
+                      "the modern_runs schema (docs/validation-data.md)")
+    add_config_option(parser, ValidateConfig, "--by", "run: a row per run | source: a row per publication, with "
+                      "the error after one factor per source and with each source left out")
     parser.add_argument("--cross-validate", action="store_true",
                         help="also predict each run with its system calibrated on the other runs of that system "
                              "(leave one out: the error to expect after calibrating on your own runs)")
@@ -30,11 +33,15 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
     from stepscope.perfmodel.validate.validate import run_validate
 
-    config = ValidateConfig(system=args.system, dataset=one_value(args.dataset, choice(*DATASETS), "--dataset"),
-                            cross_validate=args.cross_validate)
+    config = ValidateConfig(system=args.system, dataset=one_value(args.dataset, str, "--dataset"),
+                            by=one_value(args.by, choice("run", "source"), "--by"), cross_validate=args.cross_validate)
     outcome = run_validate(config, args.out)
     printer = Printer(args.format)
-    printer.emit([r.row() for r in outcome.rows], title=outcome.title())
+    if config.by == "source":
+        printer.emit(outcome.sources(), title=f"{outcome.dataset}: error by source (one factor per source; each "
+                                              f"source left out)")
+    else:
+        printer.emit([r.row() for r in outcome.rows], title=outcome.title())
     printer.note(outcome.summary())
     printer.note(f"records: {outcome.path}")
     return 0

@@ -14,7 +14,7 @@ assumes and which published runs are left out and why):
   `ParallelPlan.expert_tp` 1). DeepSeek-V3 rows use the `deepseek-v3-gqa` preset (GQA with MLA's weights, no
   multi-token prediction module).
 Every `modern_runs`/`moe_runs` row names its publication (`source_key`) and its training software (`stack`, one of
-`STACKS`); Table 1's rows are all `narayanan2021` / `megatron-lm-2022`.
+the `spec.stack` presets); Table 1's rows are all `narayanan2021` / `megatron-lm-2022`.
 Optional columns name the software of a run where it differs from today's defaults: `flash` (no: the s x s
 scores are materialised, as in Megatron-LM before 2023), `dropout` (yes: masks kept), `fp32_grads` (yes:
 Megatron's fp32 main_grad), `dispatcher` and `ep_overlap` (MoE token exchange, `ParallelPlan`),
@@ -40,6 +40,7 @@ from importlib import resources
 from stepscope.errors import UsageError
 from stepscope.spec import ModelSpec, Workload, get_preset
 from stepscope.spec.plan import ParallelPlan
+from stepscope.spec.stack import list_stacks
 from stepscope.spec.system import load_system
 
 DATASETS = ("narayanan2021_table1", "modern_runs", "moe_runs")
@@ -64,7 +65,7 @@ class PublishedRun:
     source_key: str = ""
     """Short id of the publication the run comes from (docs/validation-data.md lists them)."""
     stack: str = ""
-    """The training software that ran it, one of `STACKS`."""
+    """The training software that ran it (a `spec.stack` preset; also the plan's `stack`)."""
 
     @property
     def published_flops(self) -> float:
@@ -74,16 +75,6 @@ class PublishedRun:
 
 FLOPS_CONVENTIONS = ("6N+attention", "6N+attention-full", "6N", "megatron-recompute")
 
-STACKS = {
-    "megatron-core": "Megatron-Core + Transformer Engine (NeMo, Megatron-Bridge, DGX Cloud recipes, Megatron-LM 2024)",
-    "megatron-lm-2022": "Megatron-LM before Transformer Engine (Narayanan 2021, Korthikanti 2022, early 2023)",
-    "megatron-deepspeed": "Megatron-DeepSpeed (MT-NLG, BLOOM)",
-    "fsdp": "PyTorch FSDP1 (Composer / llm-foundry)",
-    "fsdp2": "PyTorch FSDP2 (NeMo AutoModel)",
-    "llama3": "Meta's Llama 3 training stack",
-    "deepseek": "DeepSeek's HAI-LLM",
-}
-"""The training software a published run used (the `stack` column)."""
 
 
 def run_flops(spec: ModelSpec, workload: Workload, convention: str) -> float:
@@ -124,7 +115,7 @@ def _narayanan(row: dict[str, str], name: str) -> PublishedRun:
     workload = Workload(batch=int(row["global_batch"]), seq=2048, precision="fp16", mode="train")
     plan = ParallelPlan(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), micro_batch=1,
                         recompute="full", flash_attention=False, dropout=True, fp32_grads=True,
-                        dp_overlap=False, tp_overlap=False, placement=("tp", "dp", "cp", "pp"))
+                        tp_overlap=False, placement=("tp", "dp", "cp", "pp"), stack="megatron-lm-2022")
     return PublishedRun(source=name, model=model, workload=workload, plan=plan,
                         measured_step_s=float(row["iteration_s"]),
                         measured_tflops_per_gpu=float(row["tflops_per_gpu"]), label=f"{row['params_billion']}B",
@@ -136,8 +127,9 @@ def _modern(row: dict[str, str], name: str) -> PublishedRun:
     """A `modern_runs` row: the plan as published, the measured metric turned into a step time."""
     if not (row.get("source_key") or "").strip():
         raise UsageError(f"{name}: run {row['id']} has no source_key")
-    if row.get("stack") not in STACKS:
-        raise UsageError(f"{name}: unknown stack {row.get('stack')!r} in run {row['id']}; known: {', '.join(STACKS)}")
+    if row.get("stack") not in list_stacks():
+        raise UsageError(f"{name}: unknown stack {row.get('stack')!r} in run {row['id']}; "
+                         f"known: {', '.join(list_stacks())}")
     model = get_preset(row["model"])
     if row.get("expert_groups"):  # a benchmark's own routing (e.g. a fake balanced gate), not the model's
         model = model.replace(expert_groups=int(row["expert_groups"]), groups_per_token=int(row["groups_per_token"]))
@@ -156,7 +148,7 @@ def _modern(row: dict[str, str], name: str) -> PublishedRun:
                         flash_attention=row.get("flash") != "no", dropout=row.get("dropout") == "yes",
                         fp32_grads=row.get("fp32_grads") == "yes",
                         expert_tp=1 if row.get("etp") == "1" and int(row["tp"]) > 1 else 0,
-                        pipeline_rounds=int(row.get("pipeline_rounds") or 1))
+                        pipeline_rounds=int(row.get("pipeline_rounds") or 1), stack=row["stack"])
     gpus, metric, value = int(row["gpus"]), row["metric"], float(row["value"])
     convention = row["flops_convention"]
     flops = run_flops(model, workload, convention)

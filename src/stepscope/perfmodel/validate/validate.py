@@ -39,7 +39,8 @@ from stepscope.errors import UsageError
 from stepscope.perfmodel.calibrate.published import fit_factor, scaled
 from stepscope.perfmodel.model.evaluate import COMM_CAUSES, Prediction, evaluate
 from stepscope.perfmodel.runs import RunRecords, SystemLike, check_choice, system_of
-from stepscope.perfmodel.validate.datasets import DATASETS, PublishedRun, load_dataset
+from stepscope.perfmodel.validate.datasets import DATASETS, PublishedRun, load_dataset, read_runs
+from stepscope.perfmodel.validate.sources import by_source
 from stepscope.spec.system import SystemSpec
 
 __all__ = ["DATASETS", "PublishedRun", "ValidateConfig", "ValidateOutcome", "ValidationRow", "load_dataset",
@@ -52,6 +53,22 @@ class ValidationRow:
     held_out: tuple[float, float] | None = None
     """(efficiency factor fitted to the other runs of the system, predicted step time with it), when
     cross-validated."""
+
+    @property
+    def source_key(self) -> str:
+        return self.run.source_key
+
+    @property
+    def system(self) -> str:
+        return self.run.system
+
+    @property
+    def measured_s(self) -> float:
+        return self.run.measured_step_s
+
+    @property
+    def predicted_s(self) -> float:
+        return self.prediction.step_s
 
     @property
     def held_out_error(self) -> float | None:
@@ -85,10 +102,31 @@ class ValidationRow:
                 "mem_GiB": p.memory.total / 2**30, **held_out}
 
 
+def load_runs(dataset: str) -> list[PublishedRun]:
+    """The runs of a shipped dataset, of all of them (`all`), or of a CSV file in the `modern_runs` schema
+    (docs/validation-data.md)."""
+    if dataset == "all":
+        return [run for name in DATASETS for run in load_dataset(name)]
+    if dataset in DATASETS:
+        return load_dataset(dataset)
+    path = Path(dataset)
+    if path.suffix != ".csv" and not path.exists():
+        raise UsageError(f"--dataset must be one of {', '.join(DATASETS)}, all, or a .csv file; got {dataset!r}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"cannot read dataset {path}: {error}".splitlines()[0]) from None
+    try:
+        return read_runs(text, path.name)
+    except (KeyError, ValueError) as error:
+        raise UsageError(f"{path.name}: not in the validation schema ({type(error).__name__}: {error}); "
+                         f"see docs/validation-data.md") from None
+
+
 def validate(system: SystemSpec | None = None, dataset: str = DATASETS[0]) -> list[ValidationRow]:
-    """Predict every run of `dataset` on `system` (default: each run's own system preset)."""
+    """Predict every run of `dataset` (`load_runs`) on `system` (default: each run's own system preset)."""
     return [ValidationRow(run, evaluate(run.model, run.workload, run.plan, system or system_of(run.system)))
-            for run in load_dataset(dataset)]
+            for run in load_runs(dataset)]
 
 
 def median_abs_error(rows: list[ValidationRow]) -> float:
@@ -118,7 +156,9 @@ class ValidateConfig:
     system: SystemLike | None = None
     """System preset, TOML file or SystemSpec for every run (None: each run's own, A100-80GB for Narayanan)."""
     dataset: str = DATASETS[0]
-    """One of `DATASETS`."""
+    """One of `DATASETS`, `all`, or a CSV file in the `modern_runs` schema."""
+    by: str = "run"
+    """`run`: a row per run; `source`: a row per publication (`sources.by_source`)."""
     cross_validate: bool = False
     """Also predict each run with its system calibrated on the dataset's other runs of that system."""
 
@@ -134,6 +174,10 @@ class ValidateOutcome:
 
     def title(self) -> str:
         return f"{self.dataset} on {self.system}: predicted vs measured step time"
+
+    def sources(self) -> list[dict[str, Any]]:
+        """Errors by source, after one factor per source and with each source left out (`sources.by_source`)."""
+        return by_source(self.rows)
 
     def summary(self) -> str:
         """One line: the median and the largest absolute error."""
@@ -151,7 +195,7 @@ class ValidateOutcome:
 def run_validate(config: ValidateConfig = ValidateConfig(), out: str | os.PathLike | None = None) -> ValidateOutcome:
     """Predict every run of the dataset and append one `validate` record each to `<out>/validate.jsonl`
     (None: no records)."""
-    check_choice(config.dataset, DATASETS)
+    check_choice(config.by, ("run", "source"))
     system = system_of(config.system) if config.system is not None else None
     records = RunRecords(out, "validate")
     rows = validate(system, config.dataset)
