@@ -106,7 +106,7 @@ def run_trace(config: TraceConfig, out: str | os.PathLike | None = None,
     for index, file in enumerate(files):
         done = sum(sizes[:index])
         progress = None if on_progress is None else (lambda n, done=done: on_progress(done + n, sum(sizes)))
-        trace = read_trace(file, config.stream_above_MiB, progress)
+        trace = read_trace(file, progress)
         ranks.append(analyze(trace, config.top))
         del trace  # the columns of one file at a time
     ranks = assign_ranks(ranks)
