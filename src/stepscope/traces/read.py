@@ -204,7 +204,7 @@ class _Columns:
         index = self.op_keys.get(key)
         if index is None:
             cost = op_cost(name, args.dims, args.types, args.concrete)
-            index = self.op_keys[key] = len(self.op_keys) if cost is not None else -1
+            index = self.op_keys[key] = len(self.costs) if cost is not None else -1
             if cost is not None:
                 self.costs.append((name, cost))
         if index >= 0:
