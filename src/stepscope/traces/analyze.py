@@ -125,6 +125,8 @@ class RankAnalysis:
     peaks: DevicePeaks | None = None
     shapes: bool = False
     """The trace was recorded with shapes."""
+    collective_sizes: list[dict[str, Any]] = field(default_factory=list)
+    """Per (collective kind, message bytes, group size): calls and time of the NCCL kernels that state their size."""
     critical_path: list[Any] = field(default_factory=list)
     """Per step: the critical path's length and its time per category (`traces/critical_path.py`)."""
 
@@ -180,7 +182,8 @@ def analyze(trace: RankTrace, top: int = 10, system: str | None = None) -> RankA
                         top_kernels=_top_kernels(names, category_of, trace.gpu_name, dur, top),
                         top_cpu_ops=_top_cpu_ops(trace.cpu_ops, top), roofline=roofline(trace),
                         peaks=device_peaks(trace.device_name, system), shapes=trace.shapes,
-                        critical_path=critical_path(trace, category_of, anchor))
+                        critical_path=critical_path(trace, category_of, anchor),
+                        collective_sizes=_collective_sizes(trace))
 
 
 @dataclass
@@ -295,3 +298,15 @@ def _top_cpu_ops(cpu_ops: dict[str, list[float]], top: int) -> list[dict[str, An
     ranked = sorted(cpu_ops.items(), key=lambda item: -item[1][1])[:top]
     return [{"cpu_op": name[:100], "calls": int(calls), "total_ms": total / 1e3, "mean_us": total / calls}
             for name, (calls, total) in ranked]
+
+
+def _collective_sizes(trace: RankTrace) -> list[dict[str, Any]]:
+    """The NCCL kernels that state their message size, grouped by (kind, bytes, group size)."""
+    groups: dict[tuple[str, int, int], list[float]] = {}
+    for index, size, group in trace.comm_sizes.tolist():
+        kind = collective_kind(trace.names[trace.gpu_name[int(index)]]) or "other"
+        entry = groups.setdefault((kind, int(size), int(group)), [0, 0.0])
+        entry[0] += 1
+        entry[1] += float(trace.gpu_dur[int(index)])
+    return [{"collective": kind, "bytes": size, "group_size": group, "calls": calls, "total_us": total,
+             "mean_us": total / calls} for (kind, size, group), (calls, total) in sorted(groups.items())]

@@ -123,6 +123,14 @@ def build_records(ranks: list[RankAnalysis], steps: list[StepAcrossRanks],
             out.append(({"record": "roofline_total", **base, "family": line["family"],
                          "precision": line["precision"]}, {k: v for k, v in line.items()
                                                            if k not in ("family", "precision")}))
+        for row in rank.collective_sizes:
+            out.append(({"record": "collective_size", **base, **{k: row[k] for k in ("collective", "bytes",
+                                                                                         "group_size")}},
+                        {k: row[k] for k in ("calls", "total_us", "mean_us")}))
+        for row in rank.collective_sizes:
+            out.append(({"record": "collective_size", **base, **{k: row[k] for k in ("collective", "bytes",
+                                                                                         "group_size")}},
+                        {k: row[k] for k in ("calls", "total_us", "mean_us")}))
         for path in rank.critical_path:
             out.append(({"record": "critical_path", **base, "step": path.step},
                         {**path.metrics(), **{f"{c.replace(' ', '_')}_ms": ms for c, ms in path.categories.items()}}))
