@@ -20,7 +20,8 @@ for communication, the bandwidth for the optimizer (it streams weights, gradient
 predictions stop moving. The vector category is fitted by the vector rate, not the bandwidth, which the GEMMs share:
 the model's elementwise ops then run at the rate that gives the trace's elementwise time (a real step runs more
 elementwise kernels than the model counts: casts, rotary embeddings, masks). Where that rate makes the model's
-optimizer compute-bound, the bandwidth no longer moves it and its error stays (the table shows it). What the records cannot fit keeps `base`'s value, and
+optimizer compute-bound, the bandwidth no longer moves it and its error stays (the table shows it).
+What the records cannot fit keeps `base`'s value, and
 every parameter says where its value comes from.
 """
 
@@ -50,8 +51,10 @@ CATEGORIES = ("matmul", "attention", "vector", "optimizer", "overhead", "communi
 
 def fitted_by(precision: str, system: SystemSpec) -> dict[str, str]:
     """The inverse rate each category is fitted by (see the module docstring)."""
-    return {"matmul": "matrix", "attention": "flash", "vector": "vector", "optimizer": "bytes",
-            "overhead": "overhead", "communication": "network"}
+    rates = system.accelerator.vector_TFLOPps
+    apart = precision != "fp32" and "fp32" in rates and precision in rates
+    return {"matmul": "matrix", "attention": "flash", "vector": f"vector:{precision}" if apart else "vector",
+            "optimizer": "bytes", "overhead": "overhead", "communication": "network"}
 
 
 @dataclass

@@ -117,3 +117,16 @@ def measured_categories(records: list[dict[str, Any]]) -> dict[int, dict[str, fl
             by_rank.setdefault(rank, []).append(row)
     return {rank: {c: median(r[c] for r in rows) for c in (*CATEGORIES, "step")}
             for rank, rows in sorted(by_rank.items())}
+
+
+def category_rows(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: SystemSpec,
+                  records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rank and category: measured (median over the rank's steps) and predicted ms per step, and the error."""
+    predicted = predicted_categories(spec, workload, plan, system)
+    rows = []
+    for rank, measured in measured_categories(records).items():
+        for category in CATEGORIES:
+            m, p = 1e3 * measured[category], 1e3 * predicted[category]
+            rows.append({"rank": rank, "category": category, "measured_ms": m, "predicted_ms": p,
+                         "error_pct": 100 * (p - m) / m if m > 0 else None})
+    return rows
