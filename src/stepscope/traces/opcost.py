@@ -3,8 +3,8 @@
 of the kernels the op launched.
 
 Conventions (the usual ones of roofline tools; every figure of `docs/traces.md` follows them):
-- matmul family: a product of [m, k] by [k, n] is 2·m·k·n FLOPs per batch entry (a bias or `beta·C` adds nothing);
-  bytes = both operands and the result once (the ideal traffic; a kernel that re-reads tiles moves more);
+- matmul family: a product of [m, k] by [k, n] is 2·m·k·n FLOPs per batch entry (a bias or `beta·C` adds no
+  FLOPs); bytes = the operands (a bias or C too) and the result once (the ideal traffic; a kernel that re-reads tiles moves more);
 - attention (SDPA and its flash / memory-efficient / cuDNN / CPU kernels): forward 4·B·H·Sq·Sk·D FLOPs (two
   products), halved when causal; backward 2.5 times the forward (the FlashAttention papers' count: five products,
   one of them the recomputed scores); bytes = q, k, v and the output (backward: also dO read, dq, dk, dv written);
@@ -126,6 +126,7 @@ def op_cost(name: str, dims: list[Any] | None, types: list[Any] | None,
 
 
 def _gemm(name: str, tensors: list[tuple[list[int], str]]) -> OpCost | None:
+    inputs = tensors  # every tensor input is read once (a bias or C too)
     if name == "aten::linear":  # x [..., k], weight [n, k], bias [n]
         if len(tensors) < 2 or len(tensors[1][0]) != 2:
             return None
@@ -149,7 +150,7 @@ def _gemm(name: str, tensors: list[tuple[list[int], str]]) -> OpCost | None:
         result = batch * m * n
     flops = 2.0 * batch * m * k * n
     kind = tensors[0][1]
-    moved = sum(_numel(shape) * ITEM_BYTES[t] for shape, t in tensors[:3]) + result * ITEM_BYTES[kind]
+    moved = sum(_numel(shape) * ITEM_BYTES[t] for shape, t in inputs[:3]) + result * ITEM_BYTES[kind]
     return OpCost("gemm", flops, float(moved), PRECISION.get(kind, "other"), _label(tensors[:2], " @ "))
 
 
