@@ -4,7 +4,8 @@ of the kernels the op launched.
 
 Conventions (the usual ones of roofline tools; every figure of `docs/traces.md` follows them):
 - matmul family: a product of [m, k] by [k, n] is 2·m·k·n FLOPs per batch entry (a bias or `beta·C` adds no
-  FLOPs); bytes = the operands (a bias or C too) and the result once (the ideal traffic; a kernel that re-reads tiles moves more);
+  FLOPs); bytes = the operands (a bias or C too) and the result once (the ideal traffic; a kernel that re-reads
+  tiles moves more);
 - attention (SDPA and its flash / memory-efficient / cuDNN / CPU kernels): forward 4·B·H·Sq·Sk·D FLOPs (two
   products), halved when causal; backward 2.5 times the forward (the FlashAttention papers' count: five products,
   one of them the recomputed scores); bytes = q, k, v and the output (backward: also dO read, dq, dk, dv written);
