@@ -15,25 +15,36 @@ from stepscope.traces.run import run_trace
 from tests.traces.kineto import TraceBuilder, two_step_rank
 
 
-def test_plain_gzip_and_streamed_reads_agree(tmp_path: Path) -> None:
-    plain = read_trace(two_step_rank().write(tmp_path / "r.json"))
-    for path, stream in ((two_step_rank().write(tmp_path / "r.json.gz"), 256.0), (tmp_path / "r.json.gz", 0.0),
-                         (tmp_path / "r.json", 0.0)):
-        other = read_trace(path, stream_above_MiB=stream)
-        assert np.array_equal(other.gpu_ts, plain.gpu_ts) and other.names == plain.names
+@pytest.mark.parametrize("block", [7, 64, 1 << 24])
+def test_plain_gzip_and_block_by_block_reads_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   block: int) -> None:
+    # an event name holding braces, brackets, an escaped quote and an escaped backslash before a quote: the block
+    # splitter must not cut inside it, whatever the block size
+    odd = 'void k<{"a"}>[x] \\"{'
+    plain = read_trace(two_step_rank().kernel(odd, 300, 1, launch_at=299).write(tmp_path / "r.json"))
+    meta_after = two_step_rank().kernel(odd, 300, 1, launch_at=299)
+    text = json.dumps({"traceEvents": meta_after.events, **meta_after.meta})  # distributedInfo after the events
+    (tmp_path / "after.json").write_text(text)
+    monkeypatch.setattr("stepscope.traces.events.BLOCK_BYTES", block)
+    for path in (two_step_rank().kernel(odd, 300, 1, launch_at=299).write(tmp_path / "r.json.gz"),
+                 tmp_path / "r.json", tmp_path / "after.json"):
+        other = read_trace(path)
+        assert np.array_equal(other.gpu_ts, plain.gpu_ts) and other.names == plain.names and odd in other.names
         assert other.steps == plain.steps and other.distributed["rank"] == 0
         assert np.array_equal(other.launch_corr, plain.launch_corr)
 
 
-@pytest.mark.parametrize("stream", [256.0, 0.0])
-def test_truncated_and_foreign_json_are_one_line_usage_errors(tmp_path: Path, stream: float) -> None:
+@pytest.mark.parametrize("block", [64, 1 << 24])
+def test_truncated_and_foreign_json_are_one_line_usage_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              block: int) -> None:
+    monkeypatch.setattr("stepscope.traces.events.BLOCK_BYTES", block)
     text = (two_step_rank().write(tmp_path / "r.json")).read_bytes()
     (tmp_path / "cut.json").write_bytes(text[: len(text) // 2])
     (tmp_path / "cut.json.gz").write_bytes(gzip.compress(text)[:300])
     (tmp_path / "other.json").write_text(json.dumps({"hello": [1, 2]}))
     for name, words in (("cut.json", "truncated"), ("cut.json.gz", "truncated"), ("other.json", "not a PyTorch")):
         with pytest.raises(UsageError, match=words) as error:
-            read_trace(tmp_path / name, stream_above_MiB=stream)
+            read_trace(tmp_path / name)
         assert "\n" not in str(error.value)
 
 

@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 
 from stepscope.cli.options import add_config_option, add_output_options, choice, one_value, parse_list
-from stepscope.cli.options.perfmodel import add_records_options, add_system_option
+from stepscope.cli.options.model import add_model_options, model_specs
+from stepscope.cli.options.perfmodel import (
+    add_plan_options,
+    add_records_options,
+    add_system_option,
+    add_training_options,
+    plan_from_args,
+)
 from stepscope.errors import UsageError
 from stepscope.perfmodel.calibrate.measured import MAX_EFFICIENCY_LIMIT
 from stepscope.perfmodel.calibrate.run import CalibrateConfig
@@ -42,6 +49,16 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                        help="JSON files of `python -m stepscope.measure.op_rates --out` (comma list): the "
                             "curve's top, flash and fp8 efficiency of --base (the GPU's preset) from its rates at a "
                             "model's own shapes")
+    traced = parser.add_argument_group("from profiler traces of your own run instead of records (--trace)")
+    traced.add_argument("--trace", default=None, metavar="FILES",
+                        help="Kineto traces of one job (comma list of files or folders): the efficiency curve, "
+                             "flash and memory efficiency from the ops' recorded shapes, link alpha/beta from the "
+                             "NCCL kernels' sizes; with --model and the traced run's workload and plan options, "
+                             "also fitted so the model reproduces the trace's per-category times (--base: default "
+                             "the preset of the traced device)")
+    add_model_options(parser)
+    add_training_options(parser)
+    add_plan_options(parser)
     add_output_options(parser, resume=False)
 
 
@@ -53,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         return run_published(args)
     if args.rates is not None:
         return run_rates(args)
+    if args.trace is not None:
+        return run_trace(args)
 
     config = CalibrateConfig(records=tuple(args.records), where=tuple(args.where), base=args.base,
                              system_out=args.system_out, name=args.name,
@@ -103,4 +122,55 @@ def run_rates(args: argparse.Namespace) -> int:
     printer.emit(outcome.rows)
     printer.note(f"system: {outcome.system_out}  (use it with --system {outcome.system_out})")
     printer.note(f"records: {outcome.path}")
+    return 0
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    """`--trace FILES [--model M ...]`: analyse the traces (their `trace` records), then fit a system to them."""
+    import tempfile
+
+    from stepscope.cli.output import Printer
+    from stepscope.perfmodel.calibrate_trace import TraceCalibrationConfig, calibrate_from_trace
+    from stepscope.perfmodel.runs import RunRecords
+    from stepscope.results.files import check_writable_file
+    from stepscope.spec.system import system_to_toml
+    from stepscope.traces.config import TraceConfig
+    from stepscope.traces.run import run_trace as analyse
+
+    model = workload = plan = None
+    if args.model is not None:
+        specs = model_specs(args)
+        if len(specs) != 1:
+            raise UsageError("--trace fits one run: give one --model")
+        model = specs[0]
+        plan, workload = plan_from_args(args, model)
+    base = None if args.base == CalibrateConfig.base else args.base
+    target = check_writable_file(args.system_out, "the system")
+    records = RunRecords(args.out, "calibrate-trace")
+    with tempfile.TemporaryDirectory() as folder:  # the traces' records: the library joins them through records
+        outcome = analyse(TraceConfig(paths=tuple(parse_list(args.trace, str, "--trace")), plot=""),
+                          args.out or folder)
+        fit = calibrate_from_trace(TraceCalibrationConfig(records=(str(outcome.path),), base=base,
+                                                          system_out=args.system_out,
+                                                          name=args.name if args.name != CalibrateConfig.name
+                                                          else "calibrated-from-trace",
+                                                          model=model, workload=workload, plan=plan))
+    header = f"stepscope calibrate --trace {args.trace}" + (f" --model {model.name}" if model else "")
+    try:
+        target.write_text(system_to_toml(fit.system, header=header), encoding="utf-8")
+    except OSError as error:
+        raise UsageError(f"cannot write {target}: {error.strerror or error}") from None
+    records.append({"trace": args.trace, "base": base, "model": model.name if model else None,
+                    "system_out": str(target)},
+                   {"parameters": fit.rows, "categories": fit.categories})
+    printer = Printer(args.format)
+    printer.emit(fit.rows, title="fitted from the trace")
+    if fit.categories:
+        printer.emit(fit.categories, title="per step and category: the trace, the base system's and the fitted "
+                                           "system's prediction")
+    for note in fit.notes:
+        printer.note(f"note: {note}")
+    printer.note(f"system: {target}  (use it with --system {target})")
+    if records.path is not None:
+        printer.note(f"records: {records.path}")
     return 0

@@ -77,5 +77,7 @@ def _run_trace(args: argparse.Namespace) -> int:
     printer = Printer(args.format)
     printer.emit(outcome.rows(), title=f"trace vs prediction on {outcome.prediction.system} (median over each rank's "
                                        "steps)")
+    if outcome.categories:
+        printer.emit(outcome.categories, title="per category (ms per step; docs/traces.md: calibrate --trace)")
     printer.note(f"records: {outcome.path}")
     return 0

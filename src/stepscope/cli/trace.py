@@ -36,6 +36,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                       "the number of kernels, not the file)", field="stream_above_MiB")
     add_config_option(group, TraceConfig, "--launch-bound-share", "a step is launch-bound when more than this share "
                       "of its kernels took longer to launch than to run")
+    add_config_option(group, TraceConfig, "--system", "system preset or TOML whose peaks the roofline measures "
+                      "against (default: the preset of the trace's device name, else the published peaks table)")
     group.add_argument("--progress", action="store_true", help="show a progress bar while reading")
     group.add_argument("--tally", action="store_true", help="THAPI-style tables instead of the analysis: host API "
                        "calls (CUDA runtime), device activity (NCCL kernels by name), memory operations (memcpy / "
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                          stream_above_MiB=one_value(args.stream_above_MiB, positive_float, "--stream-above-MiB"),
                          launch_bound_share=one_value(args.launch_bound_share, positive_float,
                                                       "--launch-bound-share"),
-                         plot="" if args.no_plot else args.plot)
+                         plot="" if args.no_plot else args.plot, system=args.system)
     if args.tally:
         return _run_tally(config, args)
     bar = ProgressBar("reading traces", unit="bytes", wanted=lambda total: args.progress or (
@@ -77,6 +79,20 @@ def run(args: argparse.Namespace) -> int:
     if outcome.steps:
         printer.emit(outcome.rank_step_ms(), title="GPU step time per rank (ms)")
         printer.emit(outcome.straggler_rows(), title="across ranks: spread, slowest rank, waiting for it")
+    paths = outcome.critical_path_rows()
+    if paths:
+        printer.emit(paths, title="critical path per rank-step: from the step's CPU start to its last GPU end, ms "
+                                  "per category on the path and what bounds it")
+    roofline = outcome.roofline_rows()
+    if roofline:
+        printer.emit(roofline, title=f"roofline: top {config.top} ops by GPU time (shapes recorded), achieved "
+                                     "TFLOP/s and GB/s, % of the device's peak")
+        printer.emit(outcome.roofline_totals(), title="roofline per op family (gemm: the matmul family's total)")
+    for rank in outcome.ranks:
+        if not rank.shapes:
+            printer.note(f"rank {rank.rank}: no shapes in the trace (record with record_shapes=True): no roofline")
+        elif rank.roofline and rank.peaks and not rank.peaks.matrix:
+            printer.note(f"rank {rank.rank}: {rank.peaks.source}: no % of peak")
     printer.emit(outcome.top_rows("kernels"), title=f"top {config.top} kernels per rank")
     printer.emit(outcome.top_rows("cpu_ops"), title=f"top {config.top} CPU ops per rank (inclusive time)")
     if outcome.plot is not None:

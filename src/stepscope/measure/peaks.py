@@ -12,8 +12,10 @@ import csv
 import functools
 import re
 from importlib import resources
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch only where a device is asked about: the trace analysis reads the table without it
+    import torch
 
 
 @functools.cache
@@ -42,6 +44,8 @@ def _tokens(name: str) -> list[str]:
 
 def peak_flops(device: torch.device, precision: str) -> float | None:
     """Peak dense FLOP/s for `precision` on `device`, or None when unknown (e.g. CPUs)."""
+    import torch
+
     if device.type != "cuda":
         return None
     tf32 = torch.get_float32_matmul_precision() != "highest"

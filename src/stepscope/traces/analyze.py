@@ -25,8 +25,11 @@ import numpy as np
 
 from stepscope.measure.categories import CATEGORIES
 from stepscope.traces import intervals
+from stepscope.traces.critical_path import critical_path
 from stepscope.traces.kinds import HTA_TYPES, collective_kind, core_name, hta_type, kernel_category
+from stepscope.traces.peaks import DevicePeaks, device_peaks
 from stepscope.traces.read import RankTrace
+from stepscope.traces.roofline import RooflineRow, roofline
 
 COMPUTE, COMM = HTA_TYPES.index("computation"), HTA_TYPES.index("communication")
 
@@ -117,10 +120,20 @@ class RankAnalysis:
     steps: list[Window]
     top_kernels: list[dict[str, Any]]
     top_cpu_ops: list[dict[str, Any]]
+    roofline: list[RooflineRow] = field(default_factory=list)
+    """Per (op, shape, precision) with recorded shapes: time, FLOPs, bytes (`traces/roofline.py`)."""
+    peaks: DevicePeaks | None = None
+    shapes: bool = False
+    """The trace was recorded with shapes."""
+    collective_sizes: list[dict[str, Any]] = field(default_factory=list)
+    """Per (collective kind, message bytes, group size): calls and time of the NCCL kernels that state their size."""
+    critical_path: list[Any] = field(default_factory=list)
+    """Per step: the critical path's length and its time per category (`traces/critical_path.py`)."""
 
 
-def analyze(trace: RankTrace, top: int = 10) -> RankAnalysis:
-    """The whole trace and each of its steps (see the module docstring)."""
+def analyze(trace: RankTrace, top: int = 10, system: str | None = None) -> RankAnalysis:
+    """The whole trace and each of its steps (see the module docstring), its roofline against the peaks of
+    `system` (preset or TOML; None: found from the device's name) and its critical path per step."""
     ts, dur = trace.gpu_ts, trace.gpu_dur
     start, end = ts, ts + dur
     if trace.float_times:  # HTA rounds ns-resolution events inward to whole µs
@@ -167,7 +180,10 @@ def analyze(trace: RankTrace, top: int = 10) -> RankAnalysis:
                         world_size=world if isinstance(world, int) else None, device=trace.device_name,
                         events=trace.events, total=total, steps=steps,
                         top_kernels=_top_kernels(names, category_of, trace.gpu_name, dur, top),
-                        top_cpu_ops=_top_cpu_ops(trace.cpu_ops, top))
+                        top_cpu_ops=_top_cpu_ops(trace.cpu_ops, top), roofline=roofline(trace),
+                        peaks=device_peaks(trace.device_name, system), shapes=trace.shapes,
+                        critical_path=critical_path(trace, category_of, anchor),
+                        collective_sizes=_collective_sizes(trace))
 
 
 @dataclass
@@ -282,3 +298,15 @@ def _top_cpu_ops(cpu_ops: dict[str, list[float]], top: int) -> list[dict[str, An
     ranked = sorted(cpu_ops.items(), key=lambda item: -item[1][1])[:top]
     return [{"cpu_op": name[:100], "calls": int(calls), "total_ms": total / 1e3, "mean_us": total / calls}
             for name, (calls, total) in ranked]
+
+
+def _collective_sizes(trace: RankTrace) -> list[dict[str, Any]]:
+    """The NCCL kernels that state their message size, grouped by (kind, bytes, group size)."""
+    groups: dict[tuple[str, int, int], list[float]] = {}
+    for index, size, group in trace.comm_sizes.tolist():
+        kind = collective_kind(trace.names[trace.gpu_name[int(index)]]) or "other"
+        entry = groups.setdefault((kind, int(size), int(group)), [0, 0.0])
+        entry[0] += 1
+        entry[1] += float(trace.gpu_dur[int(index)])
+    return [{"collective": kind, "bytes": size, "group_size": group, "calls": calls, "total_us": total,
+             "mean_us": total / calls} for (kind, size, group), (calls, total) in sorted(groups.items())]

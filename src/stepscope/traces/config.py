@@ -20,6 +20,9 @@ class TraceConfig:
     of kernels, not with the file. Smaller files are read whole with orjson, which is about twice as fast."""
     plot: str | None = None
     """PNG/SVG/PDF path of the stacked bar per rank-step (None: `<out>/trace.png`; "" or no --out: no plot)."""
+    system: str | None = None
+    """System preset or TOML whose peaks the roofline is measured against (None: the preset whose accelerator has
+    the trace's device name, else the published peaks table)."""
     launch_bound_share: float = 0.5
     """A step is launch-bound when more than this share of its kernels took longer to launch on the CPU than to
     run on the GPU (the GPU then waits for the CPU)."""

@@ -13,6 +13,7 @@ from typing import Any
 from stepscope.measure.categories import CATEGORIES
 from stepscope.traces.analyze import RankAnalysis, Window
 from stepscope.traces.ranks import StepAcrossRanks
+from stepscope.traces.roofline import totals
 
 STEP_COLUMNS = ["rank", "step", "step_ms", "cpu_step_ms", "idle_pct", "compute_pct", "non_compute_pct", "comm_ms",
                 "comm_exposed_ms", "comm_overlap_pct", "kernels", "launch_bound_kernels", "launch_bound", "queue_mean",
@@ -58,6 +59,35 @@ def rank_step_ms(steps: list[StepAcrossRanks]) -> list[dict[str, Any]]:
     return [{"step": s.step, **{f"rank{r}_ms": ms for r, ms in sorted(s.step_ms.items())}} for s in steps]
 
 
+ROOFLINE_COLUMNS = ["rank", "op", "shape", "precision", "calls", "time_ms", "gflop_per_call", "tflops", "peak_pct",
+                    "gbps", "bandwidth_pct", "bound"]
+
+
+def roofline_rows(ranks: list[RankAnalysis], top: int) -> list[dict[str, Any]]:
+    """Per rank, its `top` (op, shape, precision) by GPU time."""
+    rows = []
+    for rank in ranks:
+        for row in rank.roofline[:top]:
+            rows.append({"rank": rank.rank, "op": row.op, "shape": row.cost.shape, "precision": row.precision,
+                         **row.metrics(rank.peaks)})
+    return [{c: row.get(c) for c in ROOFLINE_COLUMNS} for row in rows]
+
+
+def roofline_totals(ranks: list[RankAnalysis]) -> list[dict[str, Any]]:
+    """Per rank and op family (`gemm`: the matmul family's total line): summed FLOPs and bytes over summed time."""
+    return [{"rank": rank.rank, **line} for rank in ranks for line in totals(rank.roofline, rank.peaks)]
+
+
+def critical_path_rows(ranks: list[RankAnalysis]) -> list[dict[str, Any]]:
+    """Per rank-step: the critical path's length, what bounds it, and its ms per category."""
+    rows = []
+    for rank in ranks:
+        for path in rank.critical_path:
+            rows.append({"rank": rank.rank, "step": path.step, **path.metrics(),
+                         **{f"{c.replace(' ', '_')}_ms": ms for c, ms in sorted(path.categories.items())}})
+    return rows
+
+
 def build_records(ranks: list[RankAnalysis], steps: list[StepAcrossRanks],
                   launch_bound_share: float) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(config, metrics) of every record, in the order they are written."""
@@ -69,7 +99,8 @@ def build_records(ranks: list[RankAnalysis], steps: list[StepAcrossRanks],
     for rank in ranks:
         # `world_size` falls back to the files given; `stated_world_size` is the trace's own (None: it names none)
         base = {"file": str(rank.path), "job": job, "rank": rank.rank, "world_size": rank.world_size or len(ranks),
-                "stated_world_size": rank.world_size, "device": rank.device}
+                "stated_world_size": rank.world_size, "device": rank.device, "shapes": rank.shapes,
+                "peaks": rank.peaks.source if rank.peaks else None}
         out.append(({"record": "rank", **base, "step": "all", "events": rank.events},
                     rank.total.metrics(launch_bound_share)))
         for window in rank.steps:
@@ -85,6 +116,24 @@ def build_records(ranks: list[RankAnalysis], steps: list[StepAcrossRanks],
         for row in rank.top_kernels:
             out.append(({"record": "kernel", **base, "kernel": row["kernel"], "category": row["category"]},
                         {k: v for k, v in row.items() if k not in ("kernel", "category")}))
+        for row in rank.roofline:
+            out.append(({"record": "roofline", **base, "op": row.op, "shape": row.cost.shape,
+                         "family": row.cost.family, "precision": row.precision}, row.metrics(rank.peaks)))
+        for line in totals(rank.roofline, rank.peaks):
+            out.append(({"record": "roofline_total", **base, "family": line["family"],
+                         "precision": line["precision"]}, {k: v for k, v in line.items()
+                                                           if k not in ("family", "precision")}))
+        for row in rank.collective_sizes:
+            out.append(({"record": "collective_size", **base, **{k: row[k] for k in ("collective", "bytes",
+                                                                                         "group_size")}},
+                        {k: row[k] for k in ("calls", "total_us", "mean_us")}))
+        for row in rank.collective_sizes:
+            out.append(({"record": "collective_size", **base, **{k: row[k] for k in ("collective", "bytes",
+                                                                                         "group_size")}},
+                        {k: row[k] for k in ("calls", "total_us", "mean_us")}))
+        for path in rank.critical_path:
+            out.append(({"record": "critical_path", **base, "step": path.step},
+                        {**path.metrics(), **{f"{c.replace(' ', '_')}_ms": ms for c, ms in path.categories.items()}}))
         for row in rank.top_cpu_ops:
             out.append(({"record": "cpu_op", **base, "cpu_op": row["cpu_op"]},
                         {k: v for k, v in row.items() if k != "cpu_op"}))

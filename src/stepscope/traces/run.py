@@ -19,6 +19,7 @@ from stepscope.results.files import check_plot_file, check_results_folder
 from stepscope.results.store import RecordStore, make_record
 from stepscope.traces.analyze import RankAnalysis, analyze
 from stepscope.traces.config import TraceConfig
+from stepscope.traces.peaks import check_system
 from stepscope.traces.ranks import StepAcrossRanks, across_ranks, assign_ranks
 from stepscope.traces.read import read_trace
 from stepscope.traces.records import (
@@ -26,7 +27,10 @@ from stepscope.traces.records import (
     STEP_COLUMNS,
     build_records,
     collective_rows,
+    critical_path_rows,
     rank_step_ms,
+    roofline_rows,
+    roofline_totals,
     step_rows,
     straggler_rows,
     top_rows,
@@ -88,6 +92,15 @@ class TraceOutcome:
     def top_rows(self, what: str) -> list[dict[str, Any]]:
         return top_rows(self.ranks, what)
 
+    def roofline_rows(self) -> list[dict[str, Any]]:
+        return roofline_rows(self.ranks, self.config.top)
+
+    def roofline_totals(self) -> list[dict[str, Any]]:
+        return roofline_totals(self.ranks)
+
+    def critical_path_rows(self) -> list[dict[str, Any]]:
+        return critical_path_rows(self.ranks)
+
     step_columns = STEP_COLUMNS
 
 
@@ -96,6 +109,7 @@ def run_trace(config: TraceConfig, out: str | os.PathLike | None = None,
     """Analyse the traces of `config.paths` (one file per rank of one job) and append their `trace` records to
     `<out>/trace.jsonl` and the plot to `config.plot` (default `<out>/trace.png`); out=None writes neither."""
     files = trace_files(config.paths)
+    check_system(config.system)
     plot = _plot_path(config, out)
     if out is not None:
         check_results_folder(out)
@@ -106,8 +120,8 @@ def run_trace(config: TraceConfig, out: str | os.PathLike | None = None,
     for index, file in enumerate(files):
         done = sum(sizes[:index])
         progress = None if on_progress is None else (lambda n, done=done: on_progress(done + n, sum(sizes)))
-        trace = read_trace(file, config.stream_above_MiB, progress)
-        ranks.append(analyze(trace, config.top))
+        trace = read_trace(file, progress)
+        ranks.append(analyze(trace, config.top, config.system))
         del trace  # the columns of one file at a time
     ranks = assign_ranks(ranks)
     steps = across_ranks(ranks)

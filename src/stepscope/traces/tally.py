@@ -22,7 +22,7 @@ from typing import Any
 from stepscope.errors import UsageError
 from stepscope.traces.config import TraceConfig
 from stepscope.traces.kinds import _SNAKE, core_name, kernel_category
-from stepscope.traces.read import read_events
+from stepscope.traces.read_dicts import read_events
 
 DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
                "int": 4, "int32": 4, "long": 8, "int64": 8, "byte": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1}

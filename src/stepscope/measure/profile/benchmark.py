@@ -136,9 +136,11 @@ def profile_step(config: ProfileConfig, trace_path: str | Path | None = None) ->
                                                repeat=1)
         region = phase_region(config.nvtx)
         total = config.wait + step_config.warmup + config.active
-        # shapes and dtypes are only needed to count the naive attention's FLOPs and bytes
+        # shapes and dtypes count the naive attention's FLOPs and bytes, and a written trace's ops (the roofline
+        # and `calibrate --trace` read them)
+        shapes = naive or trace_path is not None
         with quiet_native_stderr(), torch.profiler.profile(activities=activities, schedule=schedule,
-                                                           on_trace_ready=ready, record_shapes=naive) as profiler:
+                                                           on_trace_ready=ready, record_shapes=shapes) as profiler:
             active_range = contextlib.ExitStack()
             for index in range(total):
                 if config.nvtx and index == config.wait + step_config.warmup:

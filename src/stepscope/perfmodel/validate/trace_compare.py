@@ -94,6 +94,8 @@ class TraceCompareOutcome:
     measured: dict[int, dict[str, float]]
     path: Path | None = None
     rows_: list[dict[str, Any]] = field(default_factory=list)
+    categories: list[dict[str, Any]] = field(default_factory=list)
+    """Per rank and category (`trace_categories`): measured and predicted ms per step."""
 
     def rows(self) -> list[dict[str, Any]]:
         return self.rows_
@@ -133,4 +135,9 @@ def run_trace_compare(config: TraceCompareConfig, out: str | os.PathLike | None 
                         "plan": config.plan.to_dict(),
                         "system": system.name, "model_spec": config.model.to_dict()},
                        {k: v for k, v in row.items() if k.endswith(("_ms", "_pct"))})
-    return TraceCompareOutcome(prediction, measured, records.path, rows)
+    from stepscope.perfmodel.trace_categories import category_rows
+
+    categories = category_rows(config.model, config.workload, config.plan, system, [
+        r for r in read_records(*config.records) if r.get("kind") == "trace" and matches(r, where)
+        and (r.get("config") or {}).get("job") in {s["config"].get("job") for s in steps}])
+    return TraceCompareOutcome(prediction, measured, records.path, rows, categories)
