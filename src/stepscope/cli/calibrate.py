@@ -130,7 +130,7 @@ def run_trace(args: argparse.Namespace) -> int:
     import tempfile
 
     from stepscope.cli.output import Printer
-    from stepscope.perfmodel.calibrate_trace import TraceCalibrationConfig, calibrate_from_trace
+    from stepscope.perfmodel.calibrate.trace import TraceCalibrationConfig, calibrate_from_trace
     from stepscope.perfmodel.runs import RunRecords
     from stepscope.results.files import check_writable_file
     from stepscope.spec.system import system_to_toml

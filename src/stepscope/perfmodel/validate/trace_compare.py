@@ -135,7 +135,7 @@ def run_trace_compare(config: TraceCompareConfig, out: str | os.PathLike | None 
                         "plan": config.plan.to_dict(),
                         "system": system.name, "model_spec": config.model.to_dict()},
                        {k: v for k, v in row.items() if k.endswith(("_ms", "_pct"))})
-    from stepscope.perfmodel.trace_categories import category_rows
+    from stepscope.perfmodel.calibrate.trace_categories import category_rows
 
     categories = category_rows(config.model, config.workload, config.plan, system, [
         r for r in read_records(*config.records) if r.get("kind") == "trace" and matches(r, where)

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.ops import activation_precision
-from stepscope.perfmodel.trace_categories import measured_categories, predicted_categories, scaled
+from stepscope.perfmodel.calibrate.trace_categories import measured_categories, predicted_categories, scaled
+from stepscope.perfmodel.model.ops import activation_precision
 from stepscope.spec import ModelSpec, Workload
 from stepscope.spec.plan import ParallelPlan
 from stepscope.spec.system import NetworkTier, SystemSpec

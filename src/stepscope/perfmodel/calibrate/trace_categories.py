@@ -24,7 +24,7 @@ import dataclasses
 from statistics import median
 from typing import Any
 
-from stepscope.perfmodel.evaluate import COMM_CAUSES, evaluate
+from stepscope.perfmodel.model.evaluate import COMM_CAUSES, evaluate
 from stepscope.spec import ModelSpec, Workload
 from stepscope.spec.plan import ParallelPlan
 from stepscope.spec.system import NetworkTier, SystemSpec
