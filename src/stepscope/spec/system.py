@@ -53,10 +53,17 @@ class Accelerator:
     """Fraction of hbm_GBps that streaming (elementwise) kernels reach."""
     flash_efficiency: float = 0.8
     """Fused attention kernels reach this fraction of the matrix efficiency of an equal-sized GEMM."""
+    flash2_efficiency: float = 0.0
+    """FlashAttention-2's fraction of an equal-sized GEMM's efficiency, for stacks that run it (`spec.stack`); 0: the
+    same as `flash_efficiency` (GPUs whose best fused kernel is FlashAttention-2)."""
     fp8_efficiency: float = 1.0
     """fp8 GEMMs reach this fraction of the efficiency of an equal-sized 16-bit GEMM (each of its own peak)."""
     reserved_GiB: float = 0.0
     """Device memory not available to the model (runtime context, communication buffers, fragmentation)."""
+    gemm_k0: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Per precision, the inner dimension K0 at which a GEMM loses half its rate to fixed per-tile costs: a GEMM of
+    inner dimension K reaches K/(K + K0) of the curve's efficiency (each output tile pays its pipeline fill and
+    its output store against a main loop of K; `perfmodel/model/rates.py`). Absent: no K dependence."""
     sm_count: int = 0
     """Streaming multiprocessors (compute units); 0 = unknown. A communication kernel that holds some of them
     (DeepEP's dispatch) slows the GEMMs it runs beside by that share (`timing.overlapped_exchange`)."""
@@ -206,6 +213,16 @@ def _positive(value: Any, where: str, *, allow_zero: bool = False, at_most: floa
     return float(value)
 
 
+def _precision_table(value: Any, where: str) -> dict[str, Any]:
+    """A table keyed by precision (possibly empty)."""
+    if not isinstance(value, dict):
+        raise UsageError(f"{where} must be a table such as {{ bf16 = 113, fp8 = 335 }}")
+    for key in value:
+        if key not in PRECISION_KEYS:
+            raise UsageError(f"unknown precision {key!r} in {where}; known: {', '.join(PRECISION_KEYS)}")
+    return value
+
+
 def _rates(value: Any, where: str) -> dict[str, float]:
     if not isinstance(value, dict) or not value:
         raise UsageError(f"{where} must be a table such as {{ bf16 = 312, fp32 = 19.5 }}")
@@ -261,10 +278,14 @@ def system_from_dict(data: dict[str, Any], source: str = "system") -> SystemSpec
                                     "accelerator.memory_efficiency", at_most=1.0),
         flash_efficiency=_positive(acc.get("flash_efficiency", defaults["flash_efficiency"]),
                                    "accelerator.flash_efficiency"),
+        flash2_efficiency=_positive(acc.get("flash2_efficiency", defaults["flash2_efficiency"]),
+                                    "accelerator.flash2_efficiency", allow_zero=True),
         fp8_efficiency=_positive(acc.get("fp8_efficiency", defaults["fp8_efficiency"]),
                                  "accelerator.fp8_efficiency", at_most=1.0),
         reserved_GiB=_positive(acc.get("reserved_GiB", defaults["reserved_GiB"]), "accelerator.reserved_GiB",
                                allow_zero=True),
+        gemm_k0={key: _positive(value, f"accelerator.gemm_k0.{key}", allow_zero=True)
+                 for key, value in _precision_table(acc.get("gemm_k0", {}), "accelerator.gemm_k0").items()},
         sm_count=_count(acc.get("sm_count", defaults["sm_count"]), "accelerator.sm_count"))
     if accelerator.reserved_GiB >= accelerator.hbm_GiB:
         raise UsageError(f"accelerator.reserved_GiB ({accelerator.reserved_GiB}) must be below hbm_GiB "

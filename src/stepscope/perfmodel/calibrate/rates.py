@@ -3,15 +3,19 @@
 `python -m stepscope.measure.op_rates --out FILE` times a model's own GEMMs (every pass), its causal attention per
 SDPA backend and its fp8 GEMMs on a GPU held at its power limit (`measure/op_rates.py`). From one or more such
 files this derives, by one rule fixed before any prediction is made with it:
-- the efficiency curve's top = the median measured fraction of the bf16 peak over the `dense` bf16 GEMMs; every
-  knot of the base curve is scaled by top / (the base curve's top), so its shape below stays the base's;
+- each `dense` GEMM's fraction of the peak, over its tile and wave quantization (`model/rates.tiling`), is
+  η∞·K/(K + K0) (`model/rates.py`): a least-squares line through 1/η against 1/K gives η∞ (1/intercept) and K0
+  (slope/intercept), per precision; rows that span one K only give the median and keep the base's K0;
+- the efficiency curve's top = the bf16 η∞; every knot of the base curve is scaled by top / (the base curve's
+  top), so its shape below stays the base's;
+- `gemm_k0` = the fitted K0s scaled from the measured GPU to the base by their memory bandwidths (K0 is the
+  output store of a tile against its main loop: ∝ compute rate / bandwidth, `spec.system.Accelerator.gemm_k0`);
 - `flash_efficiency` = the cuDNN fused attention's FLOP-weighted rate (forward and backward rows pooled) over
   that top (the fraction of an equal-sized GEMM's efficiency the fused kernel reaches);
-- `fp8_efficiency` = the median fp8 fraction of the fp8 peak over the same GEMMs, over the bf16 median.
-Medians for the GEMMs (many rows of one kind, robust to an outlier); a FLOP-weighted rate for attention, whose
-forward and backward are different kernels of different sizes. Fractions are of `--base`'s peaks. A part the
-files do not measure keeps the base's value and says so. The shipped H100-SXM, H200 and H800 presets
-are this rule applied to `docs/measurements/` (a test checks it).
+- `fp8_efficiency` = the fp8 η∞ over the bf16 η∞.
+A FLOP-weighted rate for attention, whose forward and backward are different kernels of different sizes.
+Fractions are of `--base`'s peaks. A part the files do not measure keeps the base's value and says so. The
+shipped H100-SXM, H200 and H800 presets are this rule applied to `docs/measurements/` (a test checks it).
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+import numpy as np
+
 from stepscope.errors import UsageError
+from stepscope.perfmodel.model.rates import tiling
 from stepscope.perfmodel.runs import RunRecords
 from stepscope.results.files import check_writable_file
-from stepscope.spec.system import SystemSpec, load_system, system_to_toml
+from stepscope.spec.system import SystemSpec, list_systems, load_system, system_to_toml
 
 ATTENTION_BACKEND = "cudnn"
 """The fused-attention kernel the presets describe: cuDNN's, Transformer Engine's default on Hopper."""
@@ -76,14 +83,36 @@ def read_rates(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
             if not (isinstance(row.get("family"), str) and isinstance(row.get("variant"), str)
                     and all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in numbers)):
                 raise not_rates
+            row.setdefault("device", data.get("device", ""))
         rows += found
     return rows
 
 
+def _k_law(rows: Sequence[dict[str, Any]], acc: Any) -> tuple[float, float | None, str]:
+    """(η∞, K0 or None, how) of GEMM rows: 1/η = 1/η∞ + (K0/η∞)/K by least squares, η over tiling."""
+    shaped = [r for r in rows if all(isinstance(r.get(x), int | float) for x in ("m", "n", "k"))]
+    if len({r["k"] for r in shaped}) < 2:
+        return float(median(r["measured_of_peak"] for r in rows)), None, f"median of {len(rows)} GEMMs"
+    x = np.array([1.0 / r["k"] for r in shaped])
+    y = np.array([tiling(acc, r["m"], r["n"], r.get("groups", 1)) / r["measured_of_peak"] for r in shaped])
+    slope, intercept = np.polyfit(x, y, 1)
+    return 1.0 / intercept, max(0.0, slope / intercept), f"1/eta against 1/K over {len(shaped)} GEMMs"
+
+
+def _bandwidth_scale(rows: Sequence[dict[str, Any]], base: SystemSpec) -> tuple[float, str]:
+    """The measured GPU's memory bandwidth over the base's (K0 moves with it), from the preset of its name."""
+    devices = {r.get("device", "") for r in rows}
+    for name in list_systems():
+        measured = load_system(name).accelerator
+        if devices == {measured.name}:
+            return measured.memory_bytes_per_s / base.accelerator.memory_bytes_per_s, f"measured on {name}"
+    return 1.0, "the measured GPU's bandwidth is unknown: K0 as measured"
+
+
 def fitted_rates(rows: Sequence[dict[str, Any]], base: SystemSpec) -> tuple[SystemSpec, list[dict[str, Any]]]:
-    """`base` with the curve top, flash and fp8 efficiencies the rows measure (the module's rule). Each row's
-    fraction of the peak is taken against `base`'s peaks (fp8 GEMMs against its fp8 peak, the rest bf16), not the
-    system the measuring run compared with."""
+    """`base` with the curve top, GEMM K0s, flash and fp8 efficiencies the rows measure (the module's rule).
+    Each row's fraction of the peak is taken against `base`'s peaks (fp8 GEMMs against its fp8 peak, the rest
+    bf16), not the system the measuring run compared with."""
     acc = base.accelerator
     if any(r.get("variant") == "fp8" for r in rows) and "fp8" not in acc.matrix_TFLOPps:
         raise UsageError(f"the op-rate files hold fp8 GEMMs but {base.name} has no fp8 peak: wrong --base?")
@@ -97,11 +126,20 @@ def fitted_rates(rows: Sequence[dict[str, Any]], base: SystemSpec) -> tuple[Syst
     if not bf16:
         raise UsageError("the op-rate files hold no dense bf16 GEMM rows: nothing to fit the curve to")
     base_top = acc.matrix_efficiency_by_GFLOP[-1][1]
-    top = median(r["measured_of_peak"] for r in bf16)
+    top, k0, how = _k_law(bf16, acc)
+    scale, where = _bandwidth_scale(rows, base)
     knots = tuple((g, eta * top / base_top) for g, eta in acc.matrix_efficiency_by_GFLOP)
+    gemm_k0 = dict(acc.gemm_k0)
     changes: dict[str, Any] = {"matrix_efficiency_by_GFLOP": knots}
     out = [{"parameter": "efficiency curve top", "base": base_top, "fitted": top,
-            "source": f"median of {len(bf16)} bf16 GEMMs (knots scaled by {top / base_top:.4f})"}]
+            "source": f"bf16 eta_inf, {how} (knots scaled by {top / base_top:.4f})"}]
+    for precision, k in (("bf16", k0),) + ((("fp8", _k_law(fp8, acc)[1]),) if fp8 else ()):
+        if k is not None:
+            gemm_k0[precision] = k * scale
+        out.append({"parameter": f"gemm_k0 {precision}", "base": acc.gemm_k0.get(precision, 0.0),
+                    "fitted": gemm_k0.get(precision, 0.0),
+                    "source": f"{k:.0f} x {scale:.3f} ({where})" if k is not None else "kept: one K measured"})
+    changes["gemm_k0"] = gemm_k0
     if attention:
         rate = sum(r["flops"] for r in attention) / sum(r["flops"] / r["measured_of_peak"] for r in attention)
         changes["flash_efficiency"] = rate / top
@@ -111,10 +149,10 @@ def fitted_rates(rows: Sequence[dict[str, Any]], base: SystemSpec) -> tuple[Syst
         out.append({"parameter": "flash_efficiency", "base": acc.flash_efficiency, "fitted": acc.flash_efficiency,
                     "source": f"kept: no {ATTENTION_BACKEND} attention rows"})
     if fp8:
-        ratio = median(r["measured_of_peak"] for r in fp8) / top
+        ratio = _k_law(fp8, acc)[0] / top
         changes["fp8_efficiency"] = min(1.0, ratio)
         out.append({"parameter": "fp8_efficiency", "base": acc.fp8_efficiency, "fitted": min(1.0, ratio),
-                    "source": f"median of {len(fp8)} fp8 GEMMs over the bf16 median"})
+                    "source": f"fp8 eta_inf over the bf16 eta_inf ({len(fp8)} fp8 GEMMs)"})
     else:
         out.append({"parameter": "fp8_efficiency", "base": acc.fp8_efficiency, "fitted": acc.fp8_efficiency,
                     "source": "kept: no fp8 GEMM rows"})

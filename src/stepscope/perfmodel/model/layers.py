@@ -19,11 +19,12 @@ from stepscope.perfmodel.model.layout import geometry, group_layout
 from stepscope.perfmodel.model.op_types import Cost, Op
 from stepscope.perfmodel.model.ops import activation_precision, layer_ops
 from stepscope.perfmodel.model.ops_moe import moe_layer_ops
-from stepscope.perfmodel.model.rates import op_time
+from stepscope.perfmodel.model.rates import on_stack, op_time
 from stepscope.perfmodel.model.schedule import dispatcher_sm_share, exposed
 from stepscope.perfmodel.model.terms import direction_span
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
 from stepscope.spec.plan import ParallelPlan
+from stepscope.spec.stack import load_stack
 from stepscope.spec.system import SystemSpec
 
 COLUMNS = ["layer", "flops_fwd_GFLOP", "act_mem_MiB", "wt_mem_MiB", "total_mem_fwd_MiB", "flops_bwd_GFLOP",
@@ -43,6 +44,7 @@ def _describe(cost: Cost) -> str:
 def per_layer_rows(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: SystemSpec) -> list[dict[str, Any]]:
     """Rows for every op of one layer, then `attention xL`, `mlp xL` and `layer xL` sums over a stage."""
     e = bytes_per_element(activation_precision(workload.precision))
+    system = on_stack(system, load_stack(plan.stack))
     c = Candidates.from_plans([plan])
     g = geometry(c, workload, plan.flash_attention)
     layout = group_layout(c, system.network.domain_size)

@@ -77,6 +77,9 @@ class Cost:
     """Kernel launches (each pays the per-kernel overhead)."""
     comms: tuple[Collective, ...] = ()
     """Collectives this direction of the op may issue."""
+    gemms: tuple[tuple[Any, Any, Any, Any], ...] = ()
+    """The GEMMs a matrix op runs, each (M, N, K, G): G products of an M x K and a K x N matrix (G > 1: a grouped
+    or batched GEMM); their 2·M·N·K·G add up to `flops`. Empty: priced by FLOPs alone (`rates.op_time`)."""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ Conventions (the reference the vectorized evaluator is tested against):
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from stepscope.perfmodel.model.op_types import Collective, Cost, Geometry, Op
@@ -52,13 +54,21 @@ def activation_precision(precision: str) -> str:
     return "bf16" if precision == "fp8" else precision
 
 
+def gemm_passes(m: Any, k: Any, n: Any, groups: Any = 1) -> tuple[tuple, tuple]:
+    """The GEMMs of a linear layer y[m, n] = x[m, k] · w[k, n] (G of them when grouped): forward (m, n, k);
+    backward the input gradient dx = dy · wᵀ (m, k, n) and the weight gradient dw = xᵀ · dy (k, n, m)."""
+    return ((m, n, k, groups),), ((m, k, n, groups), (k, n, m, groups))
+
+
 def _matrix(name: str, block: str, m: float, k: float, n: float, e: int, *, params: float, saved: float,
             fwd_comms: tuple[Collective, ...] = (), bwd_comms: tuple[Collective, ...] = (), fp8: bool = False) -> Op:
     """A GEMM; an fp8 one reads 1-byte inputs and weights (its output stays 16-bit)."""
     flops = 2.0 * m * k * n
     moved = ((m * k + k * n) * (1 if fp8 else e) + m * n * e)
-    return Op(name, block, "matrix", Cost(flops, flops, moved, 1, fwd_comms),
-              Cost(2 * flops, 2 * flops, 2 * moved, 2, bwd_comms), saved_bytes=saved, params=params, fp8=fp8)
+    forward, backward = gemm_passes(m, k, n)
+    return Op(name, block, "matrix", Cost(flops, flops, moved, 1, fwd_comms, forward),
+              Cost(2 * flops, 2 * flops, 2 * moved, 2, bwd_comms, backward), saved_bytes=saved, params=params,
+              fp8=fp8)
 
 
 # fp8 casts (Transformer Engine's cast-transpose): every fp8 GEMM input is read in 16 bits and written in fp8
@@ -158,9 +168,12 @@ def attention_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
                    saved_bytes=qk_bytes + v_bytes + lse)]
     scores = heads * queries * g.seq  # s x s elements per local head and sequence
     mask = 1 if g.dropout else 0
+    # batched over the local heads of each sequence: S = Q·Kᵀ (s/cp x s, inner head_dim), O = P·V
+    rows, batch, head_dim = g.seq / g.cp, heads * g.micro_batch, spec.head_dim
     ops = [Op("scores", "attention", "matrix",
-              Cost(square_flops, square_flops / 2, qk_bytes + scores * e, 1, cp_fwd),
-              Cost(2 * square_flops, square_flops, 2 * (qk_bytes + scores * e), 2, cp_bwd),
+              Cost(square_flops, square_flops / 2, qk_bytes + scores * e, 1, cp_fwd, ((rows, g.seq, head_dim, batch),)),
+              Cost(2 * square_flops, square_flops, 2 * (qk_bytes + scores * e), 2, cp_bwd,
+                   ((rows, head_dim, g.seq, batch), (g.seq, head_dim, rows, batch))),
               saved_bytes=qk_bytes, selective=True),
            _vector("softmax", "attention", "softmax", scores, 2 * scores * e, saved=scores * e,
                    saved_selective=0.0, selective=True)]
@@ -168,8 +181,10 @@ def attention_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
         ops.append(_vector("attn_dropout", "attention", "dropout", scores, scores * (2 * e + mask),
                            saved=scores * (e + mask), saved_selective=0.0, selective=True))
     ops.append(Op("values", "attention", "matrix",
-                  Cost(square_flops, square_flops / 2, scores * e + v_bytes + tokens * h / t * e, 1),
-                  Cost(2 * square_flops, square_flops, 2 * (scores * e + v_bytes + tokens * h / t * e), 2),
+                  Cost(square_flops, square_flops / 2, scores * e + v_bytes + tokens * h / t * e, 1, (),
+                       ((rows, head_dim, g.seq, batch),)),
+                  Cost(2 * square_flops, square_flops, 2 * (scores * e + v_bytes + tokens * h / t * e), 2, (),
+                       ((rows, g.seq, head_dim, batch), (g.seq, head_dim, rows, batch))),
                   saved_bytes=v_bytes, selective=True))
     return ops
 

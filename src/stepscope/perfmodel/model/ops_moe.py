@@ -27,6 +27,8 @@ capacity_factor x its fair share), the auxiliary-loss arithmetic (negligible), f
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from stepscope.perfmodel.model.ops import (
@@ -40,6 +42,7 @@ from stepscope.perfmodel.model.ops import (
     _vector,
     attention_block,
     fp8_casts,
+    gemm_passes,
 )
 from stepscope.spec import ModelSpec
 
@@ -66,16 +69,17 @@ def routed_tokens(spec: ModelSpec, g: Geometry) -> tuple[float, float]:
 
 def _grouped(name: str, m: float, k: float, n: float, weights: float, e: int, *, params: float, saved: float,
              fwd_comms: tuple[Collective, ...], bwd_comms: tuple[Collective, ...], fp8: bool,
-             busiest: float = 1.0) -> Op:
+             busiest: float = 1.0, groups: Any = 1) -> Op:
     """A grouped GEMM: m rows in total over the local experts, each with its own k x n weight (`weights`
     elements in all); backward is two grouped GEMMs of the same size, as for `ops._matrix`. m is the busiest
     EP rank's, `busiest` times the mean: it sets the time, while the FLOPs counted for the model (and for
     hardware utilisation) are the mean rank's, since imbalance moves tokens between ranks without adding any."""
     flops = 2.0 * m * k * n
     moved = (m * k + weights) * (1 if fp8 else e) + m * n * e
-    return Op(name, "moe", "matrix", Cost(flops, flops / busiest, moved, 1, fwd_comms),
-              Cost(2 * flops, 2 * flops / busiest, 2 * moved, 2, bwd_comms), saved_bytes=saved, params=params,
-              fp8=fp8, expert=True)
+    forward, backward = gemm_passes(m / groups, k, n, groups)  # `groups` local experts, m / groups tokens each
+    return Op(name, "moe", "matrix", Cost(flops, flops / busiest, moved, 1, fwd_comms, forward),
+              Cost(2 * flops, 2 * flops / busiest, 2 * moved, 2, bwd_comms, backward), saved_bytes=saved,
+              params=params, fp8=fp8, expert=True)
 
 
 def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
@@ -101,12 +105,12 @@ def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
     bias_up, bias_down = (up, h) if spec.mlp_bias else (0.0, 0.0)
     ops.append(_grouped("expert_up", routed, h, up, local * h * up, e, params=local * (h * up + bias_up),
                         saved=routed * h * g.gemm_input_bytes, fwd_comms=gather, bwd_comms=scatter, fp8=g.fp8,
-                        busiest=busiest))
+                        busiest=busiest, groups=local))
     hidden = routed * fe / t
     ops.append(_activation("expert", hidden, e, gated))
     ops.append(_grouped("expert_down", routed, fe / t, h, local * fe / t * h, e,
                         params=local * (fe / t * h + bias_down), saved=hidden * g.gemm_input_bytes,
-                        fwd_comms=scatter, bwd_comms=gather, fp8=g.fp8, busiest=busiest))
+                        fwd_comms=scatter, bwd_comms=gather, fp8=g.fp8, busiest=busiest, groups=local))
     ops.append(_vector("combine", "moe", "combine", sent * h, (sent + sharded) * h * e, saved=sent * h * e,
                        kernels=PERMUTE_KERNELS, fwd_comms=back_fwd, bwd_comms=a2a_bwd))
     fp8_fwd = routed * h + local * h * up + hidden + local * fe / t * h

@@ -1,15 +1,26 @@
 """From op counts to seconds on one device: the roofline of one op direction, over numpy arrays.
 
-An op takes max(compute, memory) + kernels x overhead, where compute = FLOPs / (peak·η(FLOPs per kernel)) for
-matrix ops (η from the system's efficiency curve, times `flash_efficiency` for fused attention and
-`fp8_efficiency` for fp8 GEMMs) and FLOPs / vector peak for elementwise ops; memory = bytes / (HBM bandwidth ·
-efficiency). The curve `matrix_efficiency_by_GFLOP` is interpolated harmonically in log10(size): 1/η is linear in
-log10(size) between knots and clamped outside them (`spec.system`), which keeps an op's time linear in the knots'
-1/η, what `calibrate` fits.
+An op takes max(compute, memory) + kernels x overhead, where compute = FLOPs / (peak·η) for matrix ops and
+FLOPs / vector peak for elementwise ops; memory = bytes / (HBM bandwidth · efficiency).
+
+η of a GEMM of M x N outputs and inner dimension K, G of them (`Cost.gemms`), is the product of
+- the system's efficiency curve at its FLOPs (`matrix_efficiency_by_GFLOP`, interpolated harmonically in
+  log10(size): 1/η linear between knots, clamped outside; `spec.system`): small GEMMs cannot fill the GPU or pay
+  their launch; its top is the sustained rate of large, perfectly tiled GEMMs;
+- K/(K + K0): every output tile pays a fixed cost (its pipeline fill and the store of its output) against a main
+  loop of K; K0 per precision is the accelerator's `gemm_k0` (fitted with the curve's top to measured GEMMs by
+  `calibrate --rates`; a first-principles ratio P·b_out/(2·bandwidth) sets how it moves between GPUs);
+- tile and wave quantization (NVIDIA, Matrix Multiplication Background User's Guide §3.1-3.2; DeepGEMM's own
+  heuristic `wave_efficiency`): the outputs are computed in BM x BN tiles (128x128, 128x256 or 256x128, the best
+  of them), T = G·ceil(M/BM)·ceil(N/BN) tiles run in ceil(T/S) waves on the S = `sm_count` SMs, so
+  M·N·G / (ceil(T/S)·S·BM·BN) of the launched work is useful;
+times `flash_efficiency` for fused attention (an op of kind attention, priced by FLOPs) and `fp8_efficiency`
+for fp8 GEMMs. A matrix op without shapes is priced by the curve at its FLOPs per kernel.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from stepscope.perfmodel.model.op_types import Cost
-from stepscope.spec.system import Accelerator
+from stepscope.spec.stack import StackSpec
+from stepscope.spec.system import Accelerator, SystemSpec
 
 
 @dataclass(frozen=True)
@@ -41,17 +53,54 @@ def efficiency(accelerator: Accelerator, flops_per_kernel: Any) -> Any:
     return 1.0 / inverse
 
 
+def on_stack(system: SystemSpec, stack: StackSpec) -> SystemSpec:
+    """`system` as `stack` runs on it: its fused attention at FlashAttention-2's rate where the stack runs that
+    kernel and the accelerator states its rate (`Accelerator.flash2_efficiency`)."""
+    acc = system.accelerator
+    if stack.attention == "flash-attention-2" and acc.flash2_efficiency:
+        return system.replace(accelerator=dataclasses.replace(acc, flash_efficiency=acc.flash2_efficiency))
+    return system
+
+
+TILES = ((128, 128), (128, 256), (256, 128))
+"""Output tile shapes of Hopper-class GEMM kernels (cuBLAS `nvjet_sm90`, CUTLASS, DeepGEMM's candidates)."""
+
+
+def tiling(accelerator: Accelerator, m: Any, n: Any, groups: Any = 1) -> Any:
+    """Useful share of the launched tiles of G GEMMs of m x n outputs: the best of `TILES` by tile and wave
+    quantization on the accelerator's SMs (1 where the SM count is unknown)."""
+    if not accelerator.sm_count:
+        return 1.0
+    sms = accelerator.sm_count
+    best = 0.0
+    for bm, bn in TILES:
+        tiles = groups * np.ceil(m / bm) * np.ceil(n / bn)
+        best = np.maximum(best, m * n * groups / (np.maximum(np.ceil(tiles / sms), 1) * sms * bm * bn))
+    return best
+
+
+def gemm_efficiency(accelerator: Accelerator, precision: str, m: Any, n: Any, k: Any, groups: Any = 1) -> Any:
+    """η of G GEMMs of m x n outputs and inner dimension k in `precision` (the module docstring's product; the
+    fp8 factor aside)."""
+    k0 = accelerator.gemm_k0.get(precision, 0.0)
+    return (efficiency(accelerator, 2.0 * m * n * k * groups) * k / (k + k0)
+            * tiling(accelerator, m, n, groups))
+
+
 def op_time(cost: Cost, kind: str, accelerator: Accelerator, precision: str) -> OpTime:
     """Roofline time of one op direction on `accelerator`; `kind` matrix, attention (a fused attention kernel) or
     vector, `precision` the one it computes in (fp8 for the GEMMs of fp8 training)."""
     if kind == "vector":
         compute = cost.flops / accelerator.vector_peak(precision)
     else:
-        eta = efficiency(accelerator, cost.flops / np.maximum(cost.kernels, 1))
-        if kind == "attention":
-            eta = eta * accelerator.flash_efficiency
+        factor = accelerator.flash_efficiency if kind == "attention" else 1.0
         if precision == "fp8":
-            eta = eta * accelerator.fp8_efficiency
-        compute = cost.flops / (accelerator.matrix_peak(precision) * eta)
+            factor = factor * accelerator.fp8_efficiency
+        peak = accelerator.matrix_peak(precision) * factor
+        if cost.gemms:
+            compute = sum(2.0 * m * n * k * g / (peak * gemm_efficiency(accelerator, precision, m, n, k, g))
+                          for m, n, k, g in cost.gemms)
+        else:
+            compute = cost.flops / (peak * efficiency(accelerator, cost.flops / np.maximum(cost.kernels, 1)))
     memory = cost.bytes / accelerator.memory_bytes_per_s
     return OpTime(compute, memory, cost.kernels * accelerator.kernel_overhead_us * 1e-6)

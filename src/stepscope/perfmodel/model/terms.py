@@ -25,7 +25,7 @@ from stepscope.perfmodel.model.layout import data_parallel_sizes, geometry, grou
 from stepscope.perfmodel.model.op_types import Geometry, Op
 from stepscope.perfmodel.model.ops import activation_precision, embedding_ops, head_ops, layer_ops
 from stepscope.perfmodel.model.ops_moe import moe_layer_ops
-from stepscope.perfmodel.model.rates import op_time
+from stepscope.perfmodel.model.rates import on_stack, op_time
 from stepscope.perfmodel.model.schedule import (
     DEFAULT_BUCKET_MIB,
     dispatcher_sm_share,
@@ -197,8 +197,9 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     """`Terms` of every plan of `c` (all of one attention kind). `bucket_elements` is a gradient-bucket layout
     (elements per bucket, in launch order, shared by every plan); without it buckets of `bucket_cap_MiB`."""
     act = activation_precision(workload.precision)
-    acc, network = system.accelerator, system.network
     stack = load_stack(c.stack)
+    system = on_stack(system, stack)
+    acc, network = system.accelerator, system.network
     backward = workload.mode != "fwd"
     g = geometry(c, workload, flash_attention)
     e = g.act_bytes
