@@ -20,7 +20,7 @@ from stepscope.perfmodel.model.op_types import Cost, Op
 from stepscope.perfmodel.model.ops import activation_precision, layer_ops
 from stepscope.perfmodel.model.ops_moe import moe_layer_ops
 from stepscope.perfmodel.model.rates import on_stack, op_time
-from stepscope.perfmodel.model.schedule import dispatcher_sm_share, exposed
+from stepscope.perfmodel.model.schedule import dispatcher_sm_share
 from stepscope.perfmodel.model.terms import direction_span
 from stepscope.spec import ModelSpec, Workload, bytes_per_element
 from stepscope.spec.plan import ParallelPlan
@@ -89,10 +89,9 @@ def _row(op: Op, workload: Workload, plan: ParallelPlan, system: SystemSpec, lay
         memory += _one(timed.memory_s)
         total += _one(timed.total_s)
         for c in cost.comms:
-            seconds = _one(c.seconds(layout[c.group], system.network))
-            comm += seconds
+            comm += _one(c.total(layout[c.group], system.network))
             if not (c.group == "ep" and plan.ep_overlap):  # those show in the block sums (see the docstring)
-                total += _one(exposed(seconds, timed.compute_s, c.hides(layout[c.group], plan.tp_overlap)))
+                total += _one(c.exposed(layout[c.group], system.network, timed.compute_s, plan.tp_overlap))
     flops, moved, saved = _one(op.forward.flops), _one(op.forward.bytes), _one(op.saved_bytes)
     weights = _one(op.params) * e
     return {"layer": op.name, "_block": op.block, "_flops": flops, "_bytes": moved,

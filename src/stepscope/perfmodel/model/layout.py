@@ -13,6 +13,7 @@ from stepscope.perfmodel.model.op_types import Geometry
 from stepscope.perfmodel.model.ops import activation_precision
 from stepscope.spec import Workload, bytes_per_element
 from stepscope.spec.plan import ParallelPlan
+from stepscope.spec.stack import load_stack
 
 
 def geometry(c: Candidates, workload: Workload, flash_attention: bool) -> Geometry:
@@ -21,7 +22,7 @@ def geometry(c: Candidates, workload: Workload, flash_attention: bool) -> Geomet
     return Geometry(c.micro_batch.astype(float), workload.seq,
                     bytes_per_element(activation_precision(workload.precision)), c.tp.astype(float),
                     c.cp.astype(float), c.sequence_parallel, flash_attention, c.dropout, fp8, c.ep.astype(float),
-                    c.expert_imbalance, c.dispatcher, c.expert_tp)
+                    c.expert_imbalance, c.dispatcher, c.expert_tp, load_stack(c.stack).context_parallel)
 
 
 def plan_geometry(plan: ParallelPlan, workload: Workload) -> Geometry:

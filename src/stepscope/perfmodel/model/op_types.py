@@ -23,44 +23,70 @@ Number = Any
 """A float or a numpy array of floats (one per plan)."""
 
 
+OVERLAP = ("plan", "always", "never")
+"""When a collective may hide behind its op's compute: where the plan overlaps (`ParallelPlan.tp_overlap`; a
+tensor-parallel one only inside one fast domain), always (a schedule built to overlap it: Transformer Engine's
+context-parallel ring), or never (it must finish before its op starts: MoE token exchanges, an all-gather of K/V
+before attention)."""
+
+
 @dataclass(frozen=True)
 class Collective:
     """One collective issued by an op. `bytes` follows nccl-tests: per-rank buffer for all-reduce,
-    total (gathered) size for all-gather and reduce-scatter, message size for point-to-point."""
+    total (gathered) size for all-gather and reduce-scatter, message size for point-to-point and one ring step."""
 
     kind: str
-    """all-reduce | reduce-scatter | all-gather | all-to-all | dispatch | p2p (`collectives.py`)."""
+    """all-reduce | reduce-scatter | all-gather | all-to-all | dispatch | p2p | ring-step (`collectives.py`)."""
     bytes: Number
     group: str
     """Which parallel dimension's group: tp | cp | dp | pp | ep."""
     size: Number
     """Ranks in the group."""
-    overlappable: bool = True
-    """May hide behind the op's own compute when the plan enables overlap."""
+    overlap: str = "plan"
+    """When it may hide behind its op's compute (`OVERLAP`)."""
     copies: float = 1.0
     """A deduplicating dispatch's expert copies per token (`bytes` holds one copy of each token)."""
     reach: tuple[int, int] = (0, 0)
     """A dispatch's group-limited routing: (expert groups, groups per token); (0, 0) without."""
+    repeats: Number = 1
+    """How many times it runs per op direction (a ring's steps)."""
+    window_share: Number = 1.0
+    """The share of its op's compute each run can hide behind (a ring step: the attention block computing
+    meanwhile, 1/cp of the op; an all-gather issued before the first block and waited after it: 1/cp)."""
 
     def seconds(self, g: Number, network: Network) -> Number:
-        """Time on a network where `g` of the group's ranks share a fast domain."""
+        """Time of one run on a network where `g` of the group's ranks share a fast domain."""
+        if self.kind == "ring-step":  # every rank sends to its neighbour at once: the slowest hop sets the pace
+            return collective_time("p2p", self.bytes, self.size, np.where(np.asarray(g) >= self.size, 2, 1),
+                                   network) * (np.asarray(self.size) > 1)
         return collective_time(self.kind, self.bytes, self.size, g, network, self.copies, self.reach)
 
     def hides(self, g: Number, overlap: Any) -> Any:
-        """Whether it may hide behind its op's compute when the plan overlaps, `g` of its ranks sharing a fast
-        domain: a tensor-parallel one only when its whole group does, since the GEMM-fused exchanges
-        (Transformer Engine's userbuffers, PyTorch's symmetric-memory async TP) read and write the peers' memory
-        through CUDA peer-to-peer access, which GPUs of different nodes do not share."""
-        if not self.overlappable:
-            return False
+        """Whether it may hide behind its op's compute (`OVERLAP`), the plan overlapping or not, `g` of its ranks
+        sharing a fast domain: a tensor-parallel one only when its whole group does, since the GEMM-fused
+        exchanges (Transformer Engine's userbuffers, PyTorch's symmetric-memory async TP) read and write the peers'
+        memory through CUDA peer-to-peer access, which GPUs of different nodes do not share."""
+        if self.overlap != "plan":
+            return self.overlap == "always"
         if self.group != "tp":
             return overlap
         return np.logical_and(overlap, np.asarray(g) >= np.asarray(self.size))
 
+    def exposed(self, g: Number, network: Network, compute_s: Number, overlap: Any) -> Number:
+        """Seconds it shows beside its op's `compute_s` over all its runs (`repeats`, each behind `window_share`
+        of the compute where it hides)."""
+        one = self.seconds(g, network)
+        shown = np.where(self.hides(g, overlap), np.maximum(0.0, one - self.window_share * compute_s), one)
+        return self.repeats * shown
+
+    def total(self, g: Number, network: Network) -> Number:
+        """Seconds of all its runs."""
+        return self.repeats * self.seconds(g, network)
+
     @property
     def runs(self) -> Any:
         """Where it moves anything: more than one rank and some bytes."""
-        return (np.asarray(self.size) > 1) & (np.asarray(self.bytes) > 0)
+        return (np.asarray(self.size) > 1) & (np.asarray(self.bytes) > 0) & (np.asarray(self.repeats) > 0)
 
 
 @dataclass(frozen=True)
@@ -138,6 +164,8 @@ class Geometry:
     """MoE token dispatcher (`spec.plan.DISPATCHERS`)."""
     expert_tp: int = 0
     """0: experts split over tp; 1: whole experts, EP folded over the TP ranks (`ParallelPlan.expert_tp`)."""
+    context_parallel: str = "p2p-ring"
+    """How the stack exchanges K/V between context-parallel ranks (`spec.stack.StackSpec.context_parallel`)."""
 
     @property
     def expert_split(self) -> Number:

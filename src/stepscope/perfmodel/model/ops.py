@@ -153,19 +153,21 @@ def attention_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
     queries = g.micro_batch * g.seq / g.cp  # each context-parallel rank owns seq/cp queries of every sequence
     square_flops = 2.0 * queries * g.seq * h / t  # one s x s matmul (QKᵀ or PV) over all local heads, unmasked
     qk_bytes, v_bytes = tokens * (h + kv) / t * e, tokens * kv / t * e
-    cp_fwd = (Collective("all-gather", 2 * g.micro_batch * g.seq * kv / t * e, "cp", g.cp),)
-    cp_bwd = (Collective("reduce-scatter", 2 * g.micro_batch * g.seq * kv / t * e, "cp", g.cp),)
+    gathered = 2 * g.micro_batch * g.seq * kv / t * e  # every rank's K and V
+    cp_fwd = (Collective("all-gather", gathered, "cp", g.cp),)
+    cp_bwd = (Collective("reduce-scatter", gathered, "cp", g.cp),)
     if g.flash_attention:
         lse = 4.0 * heads * queries  # fp32 log-sum-exp per query and local head
         forward = square_flops  # two causal halves: QKᵀ and PV
         moved = tokens * (2 * h + 2 * kv) / t * e  # read q, k, v; write o
-        # context parallelism runs the core as a ring: one kernel per step on the K/V block that just arrived
-        # (Transformer Engine's P2P ring, Llama 3's all-gather variant keeps the same per-block kernels), so its
-        # kernels shrink and multiply with cp
-        return [Op("flash_attention", "attention", "attention",
-                   Cost(forward, forward, moved + lse, g.cp, cp_fwd),
-                   Cost(2.5 * forward, 2.0 * forward, 2 * moved + lse, g.cp, cp_bwd),
-                   saved_bytes=qk_bytes + v_bytes + lse)]
+        cp_fwd, cp_bwd, kernels = context_parallel(spec, g, gathered)
+        ops = [Op("flash_attention", "attention", "attention",
+                  Cost(forward, forward, moved + lse, kernels, cp_fwd),
+                  Cost(2.5 * forward, 2.0 * forward, 2 * moved + lse, kernels, cp_bwd),
+                  saved_bytes=qk_bytes + v_bytes + lse)]
+        if g.context_parallel in CP_MERGE_PASSES:
+            ops.append(_cp_merge(spec, g))
+        return ops
     scores = heads * queries * g.seq  # s x s elements per local head and sequence
     mask = 1 if g.dropout else 0
     # batched over the local heads of each sequence: S = Q·Kᵀ (s/cp x s, inner head_dim), O = P·V
@@ -187,6 +189,47 @@ def attention_ops(spec: ModelSpec, g: Geometry) -> list[Op]:
                        ((rows, g.seq, head_dim, batch), (g.seq, head_dim, rows, batch))),
                   saved_bytes=v_bytes, selective=True))
     return ops
+
+
+CP_MERGE_PASSES = {"p2p-ring": 1, "torch-all-gather": 6}
+"""fp32 passes over a rank's attention output per ring step that merge the step's partial result (rescale by the
+log-sum-exp, add) and show: Transformer Engine corrects on a second stream, half of its two passes hidden
+(`AttnFuncWithCPAndKVP2P`); PyTorch's `_SDPAMerger` (convert_to_f32) runs about six on the compute stream."""
+
+
+def context_parallel(spec: ModelSpec, g: Geometry, gathered: Any) -> tuple[tuple, tuple, Any]:
+    """(forward collectives, backward collectives, kernels) of fused attention under context parallelism, as the
+    stack exchanges K/V (`spec.stack.StackSpec.context_parallel`), each rank holding seq/cp queries, the causal work
+    balanced by two chunks per rank (Transformer Engine's DualChunkSwap, Llama 3 §3.3.2, PyTorch's round-robin):
+    - `p2p-ring` (Transformer Engine): cp steps, one kernel each on the K/V block that arrived; while step i
+      computes, the next block (K and V of seq/cp tokens) goes to the neighbour, so each of the cp − 1 sends hides
+      behind 1/cp of the attention; backward sends K/V and their gradients (twice the bytes) behind its steps;
+    - `all-gather` (Llama 3, Transformer Engine's all_gather): K/V all-gathered before attention and their gradients
+      reduce-scattered after it, exposed (K/V gathered again for backward); two kernels (one per query chunk);
+    - `torch-all-gather` (PyTorch's context parallelism): one all-gather of K/V repeated to every query head, issued
+      before the first step and waited after it (behind 1/cp of the attention); cp kernels."""
+    if g.context_parallel == "p2p-ring":
+        block = gathered / np.maximum(g.cp, 1)
+        steps, share = g.cp - 1, 1.0 / g.cp
+        return ((Collective("ring-step", block, "cp", g.cp, "always", repeats=steps, window_share=share),),
+                (Collective("ring-step", 2 * block, "cp", g.cp, "always", repeats=steps, window_share=share),),
+                g.cp)
+    if g.context_parallel == "all-gather":
+        gather = Collective("all-gather", gathered, "cp", g.cp, "never")
+        return (gather,), (gather, Collective("reduce-scatter", gathered, "cp", g.cp, "never")), np.minimum(g.cp, 2)
+    repeated = gathered * spec.n_heads / spec.n_kv_heads
+    gather = Collective("all-gather", repeated, "cp", g.cp, "always", window_share=1.0 / g.cp)
+    return ((gather,), (gather, Collective("reduce-scatter", repeated, "cp", g.cp, "always", window_share=1.0 / g.cp)),
+            g.cp)
+
+
+def _cp_merge(spec: ModelSpec, g: Geometry) -> Op:
+    """The per-step merges of the ring's partial attention outputs (fp32, `CP_MERGE_PASSES`), forward and backward
+    (the backward accumulates its partial gradients the same way); none without context parallelism."""
+    passes = CP_MERGE_PASSES[g.context_parallel] * (g.cp - 1)
+    elements = g.tokens * spec.q_dim / g.tp
+    return _vector("cp_merge", "attention", "residual", elements * passes, 8.0 * elements * passes,
+                   kernels=passes, per_element=1.0)
 
 
 def mlp_block(spec: ModelSpec, g: Geometry) -> list[Op]:

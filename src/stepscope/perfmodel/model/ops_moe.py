@@ -136,12 +136,12 @@ def _exchanges(spec: ModelSpec, g: Geometry, sent: float) -> tuple[tuple[Collect
     are fp8 (the combine and the gradients stay 16-bit, as in DeepSeek-V3)."""
     h, e, k = spec.d_model, g.act_bytes, spec.experts_per_token
     if g.dispatcher == "alltoall":
-        a2a = (Collective("all-to-all", sent * h * e, "ep", g.ep, overlappable=False),)
+        a2a = (Collective("all-to-all", sent * h * e, "ep", g.ep, overlap="never"),)
         return a2a, a2a, a2a
     reach = (spec.expert_groups, spec.groups_per_token)
 
     def exchange(element_bytes: int) -> tuple[Collective, ...]:
-        return (Collective("dispatch", sent / k * h * element_bytes, "ep", g.ep, overlappable=False, copies=k,
+        return (Collective("dispatch", sent / k * h * element_bytes, "ep", g.ep, overlap="never", copies=k,
                            reach=reach),)
 
     return exchange(1 if g.fp8 and g.dispatcher == "deepep-fp8" else e), exchange(e), exchange(e)

@@ -82,9 +82,27 @@ def tiling(accelerator: Accelerator, m: Any, n: Any, groups: Any = 1) -> Any:
 def gemm_efficiency(accelerator: Accelerator, precision: str, m: Any, n: Any, k: Any, groups: Any = 1) -> Any:
     """η of G GEMMs of m x n outputs and inner dimension k in `precision` (the module docstring's product; the
     fp8 factor aside)."""
-    k0 = accelerator.gemm_k0.get(precision, 0.0)
+    k0 = accelerator.gemm_k0.get(precision, accelerator.gemm_k0.get("bf16", 0.0) if precision == "fp16" else 0.0)
     return (efficiency(accelerator, 2.0 * m * n * k * groups) * k / (k + k0)
             * tiling(accelerator, m, n, groups))
+
+
+def matrix_compute(cost: Cost, kind: str, accelerator: Accelerator, precision: str, chunks: Any = 1) -> Any:
+    """Compute seconds of a matrix or fused-attention op direction; with `chunks`, of its GEMMs split into that many
+    GEMMs of 1/chunks of the rows each (what overlapping them with communication does: `tensor_overlap.py`)."""
+    factor = accelerator.flash_efficiency if kind == "attention" else 1.0
+    if precision == "fp8":
+        factor = factor * accelerator.fp8_efficiency
+    peak = accelerator.matrix_peak(precision) * factor
+    if cost.gemms:
+        return sum(2.0 * m * n * k * g / (peak * gemm_efficiency(accelerator, precision, m / chunks, n, k, g))
+                   for m, n, k, g in cost.gemms)  # chunks run one after the other, each its own waves
+    return cost.flops / (peak * efficiency(accelerator, cost.flops / np.maximum(cost.kernels, 1)))
+
+
+def chunked_compute(cost: Cost, accelerator: Accelerator, precision: str, chunks: Any) -> Any:
+    """`matrix_compute` of a GEMM op split into `chunks` GEMMs along its rows."""
+    return matrix_compute(cost, "matrix", accelerator, precision, chunks)
 
 
 def op_time(cost: Cost, kind: str, accelerator: Accelerator, precision: str) -> OpTime:
@@ -93,14 +111,6 @@ def op_time(cost: Cost, kind: str, accelerator: Accelerator, precision: str) -> 
     if kind == "vector":
         compute = cost.flops / accelerator.vector_peak(precision)
     else:
-        factor = accelerator.flash_efficiency if kind == "attention" else 1.0
-        if precision == "fp8":
-            factor = factor * accelerator.fp8_efficiency
-        peak = accelerator.matrix_peak(precision) * factor
-        if cost.gemms:
-            compute = sum(2.0 * m * n * k * g / (peak * gemm_efficiency(accelerator, precision, m, n, k, g))
-                          for m, n, k, g in cost.gemms)
-        else:
-            compute = cost.flops / (peak * efficiency(accelerator, cost.flops / np.maximum(cost.kernels, 1)))
+        compute = matrix_compute(cost, kind, accelerator, precision)
     memory = cost.bytes / accelerator.memory_bytes_per_s
     return OpTime(compute, memory, cost.kernels * accelerator.kernel_overhead_us * 1e-6)

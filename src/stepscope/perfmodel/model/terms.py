@@ -29,11 +29,11 @@ from stepscope.perfmodel.model.rates import on_stack, op_time
 from stepscope.perfmodel.model.schedule import (
     DEFAULT_BUCKET_MIB,
     dispatcher_sm_share,
-    exposed,
     held_micro_batches,
     optimizer_time,
     overlapped_exchange,
 )
+from stepscope.perfmodel.model.tensor_overlap import overlapped_tp
 from stepscope.perfmodel.model.tensors import param_tensors
 from stepscope.spec import ModelSpec, Workload
 from stepscope.spec.plan import stage_layers
@@ -72,24 +72,33 @@ class Span:
 
 
 def direction_span(ops: Sequence[Op], direction: str, system: SystemSpec, precision: str, layout: dict[str, Any],
-                   overlap: bool, ep_overlap: bool = False, sm_share: float = 0.0) -> Span:
+                   overlap: bool, ep_overlap: bool = False, sm_share: float = 0.0,
+                   tensor_overlap: str = "userbuffers") -> Span:
     """Time of `ops` in one direction (forward or backward), with their TP/CP/EP collectives. `precision` is the
-    activations'; an op flagged fp8 runs its GEMM at the fp8 rate. With `ep_overlap` the all-to-alls hide
-    behind the MoE blocks' GEMMs (`ParallelPlan.ep_overlap`), slowing them by the `sm_share` of the SMs the
-    dispatcher holds (`schedule.overlapped_exchange`)."""
+    activations'; an op flagged fp8 runs its GEMM at the fp8 rate. With `overlap` (`ParallelPlan.tp_overlap`)
+    tensor-parallel collectives inside one domain overlap their GEMMs as the stack's `tensor_overlap` decomposes
+    them (`tensor_overlap.py`). With `ep_overlap` the all-to-alls hide behind the MoE blocks' GEMMs
+    (`ParallelPlan.ep_overlap`), slowing them by the `sm_share` of the SMs the dispatcher holds
+    (`schedule.overlapped_exchange`)."""
     compute = tp = cp = ep = window = 0.0
     for op in ops:
         cost = getattr(op, direction)
-        timed = op_time(cost, op.kind, system.accelerator, "fp8" if op.fp8 else precision)
+        op_precision = "fp8" if op.fp8 else precision
+        timed = op_time(cost, op.kind, system.accelerator, op_precision)
         compute = compute + timed.total_s
         if op.block == "moe" and op.kind == "matrix":
             window = window + timed.compute_s
         for comm in cost.comms:
-            seconds = comm.seconds(layout[comm.group], system.network)
             if comm.group == "ep" and ep_overlap:
-                ep = ep + seconds
+                ep = ep + comm.total(layout[comm.group], system.network)
                 continue
-            hidden = exposed(seconds, timed.compute_s, comm.hides(layout[comm.group], overlap))
+            if comm.group == "tp" and op.kind == "matrix":
+                hides = comm.hides(layout["tp"], overlap)
+                decomposed = overlapped_tp(comm, cost, timed.compute_s, direction, layout["tp"], system.network,
+                                           system.accelerator, op_precision, 2, tensor_overlap)
+                hidden = np.where(hides, decomposed, comm.total(layout["tp"], system.network))
+            else:
+                hidden = comm.exposed(layout[comm.group], system.network, timed.compute_s, overlap)
             if comm.group == "cp":
                 cp = cp + hidden
             elif comm.group == "ep":
@@ -207,7 +216,8 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     sm_share = dispatcher_sm_share(c.dispatcher, acc)
 
     def span(ops: Sequence[Op], direction: str) -> Span:
-        return direction_span(ops, direction, system, act, layout, c.tp_overlap, c.ep_overlap, sm_share)
+        return direction_span(ops, direction, system, act, layout, c.tp_overlap, c.ep_overlap, sm_share,
+                              stack.tensor_overlap)
 
     dense_ops = layer_ops(spec, g)
     moe_ops = moe_layer_ops(spec, g) if spec.is_moe else []

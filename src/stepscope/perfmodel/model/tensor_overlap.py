@@ -1,0 +1,65 @@
+"""What overlapping a tensor-parallel collective with its GEMM really costs (`--tp-overlap`), as each stack
+decomposes the pair. Over numpy arrays.
+
+Hiding a sequence-parallel all-gather or reduce-scatter behind its GEMM means splitting the GEMM into chunks, each
+computed while the next chunk's data moves: the chunks are smaller GEMMs (fewer tiles, worse wave quantization:
+`rates.chunked_compute`), the first or last chunk's transfer cannot hide, and the communication kernels take SMs
+from the GEMM. What a pair shows beyond its plain GEMM time is charged to the tensor-parallel exchange:
+- Transformer Engine's userbuffers (Megatron-Core's --tp-comm-overlap; TransformerEngine@d0067d0
+  `pytorch/module/base.py` initialize_ub defaults, `common/comm_gemm_overlap/comm_gemm_overlap.cpp`):
+  an all-gather + GEMM is a ring exchange in tp chunks (copy engine, no SMs taken): the local chunk first, then
+  tp − 1 steps of max(chunk GEMM, chunk send); a GEMM + reduce-scatter is pipelined in 4 splits on 116 of 132 SMs
+  (16 SMs for the communication), the last split's reduce-scatter after the last GEMM; the backward's
+  reduce-scatter of the input gradient runs in bulk beside the weight-gradient GEMM on 16 SMs:
+  max(GEMM x SMs / (SMs − 16), collective);
+- PyTorch's symmetric-memory async TP (torch/distributed/_symmetric_memory `_fused_all_gather_matmul_impl`,
+  `_fused_matmul_reduce_scatter_impl`): all-gather + GEMM copies its shard and waits on a barrier, then runs the
+  local chunk and tp − 1 steps of max(chunk GEMM, chunk copy); GEMM + reduce-scatter runs tp − 1 steps of
+  max(chunk GEMM, chunk copy + barrier), the last chunk, and a pass that sums the tp partials (reads M x N,
+  writes M x N / tp).
+Both need sequence parallelism: an all-reduce (tensor parallelism without it) never hides.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from stepscope.perfmodel.model.op_types import Collective, Cost
+from stepscope.perfmodel.model.rates import chunked_compute
+from stepscope.spec.system import Accelerator, Network
+
+PIPELINE_SPLITS = 4
+"""Transformer Engine's GEMM + reduce-scatter splits (`num_splits = 4` for proj_fprop, fc2_fprop)."""
+COMM_SMS = 16
+"""SMs Transformer Engine's pipelined and bulk overlaps give the communication (`num_sm = 16`, set_sm_margin)."""
+BARRIER_S = 10e-6
+"""One cross-GPU barrier of PyTorch's async TP (an estimate of 5-10 µs: a GPU measurement would settle it)."""
+
+
+def overlapped_tp(comm: Collective, cost: Cost, compute_s: Any, direction: str, g: Any, network: Network,
+                  accelerator: Accelerator, precision: str, act_bytes: int, implementation: str) -> Any:
+    """Seconds a tensor-parallel collective and its GEMM show beyond the plain GEMM (`compute_s`), overlapped by
+    `implementation` (`spec.stack.StackSpec.tensor_overlap`); `g` of the group's ranks share a fast domain."""
+    collective = comm.seconds(g, network)
+    if comm.kind == "all-reduce" or not cost.gemms:
+        return collective
+    tp = np.maximum(comm.size, 1)
+    sms = accelerator.sm_count or 132
+    if comm.kind == "all-gather":
+        chunk = chunked_compute(cost, accelerator, precision, tp) / tp
+        ring = chunk + (tp - 1) * np.maximum(chunk, collective / np.maximum(tp - 1, 1))
+        if implementation == "async-tp":
+            ring = ring + BARRIER_S + comm.bytes / tp / accelerator.memory_bytes_per_s
+        return np.maximum(0.0, ring - compute_s)
+    if implementation == "userbuffers":
+        if direction == "backward":  # bulk: beside the weight-gradient GEMM on the SMs left
+            return np.maximum(0.0, np.maximum(compute_s * sms / (sms - COMM_SMS), collective) - compute_s)
+        splits = chunked_compute(cost, accelerator, precision, PIPELINE_SPLITS) * sms / (sms - COMM_SMS)
+        return np.maximum(0.0, splits + collective / PIPELINE_SPLITS - compute_s)
+    chunk = chunked_compute(cost, accelerator, precision, tp) / tp
+    m, n = cost.gemms[0][0], cost.gemms[0][1]
+    partials = (m * n + m * n / tp) * act_bytes / accelerator.memory_bytes_per_s
+    steps = (tp - 1) * np.maximum(chunk, collective / np.maximum(tp - 1, 1) + BARRIER_S)
+    return np.maximum(0.0, steps + chunk + partials - compute_s)
