@@ -106,6 +106,9 @@ class Cost:
     gemms: tuple[tuple[Any, Any, Any, Any], ...] = ()
     """The GEMMs a matrix op runs, each (M, N, K, G): G products of an M x K and a K x N matrix (G > 1: a grouped
     or batched GEMM); their 2·M·N·K·G add up to `flops`. Empty: priced by FLOPs alone (`rates.op_time`)."""
+    latency_s: Number = 0.0
+    """Seconds the GPU waits on the host regardless of the work (a host synchronisation and the launches that
+    follow it before the queue refills)."""
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,16 @@ from stepscope.spec import ModelSpec
 
 ROUTER_KERNELS = 3  # scores activation, top-k, normalisation of the k weights
 PERMUTE_KERNELS = 2  # index computation (sort by expert) and the gather/scatter itself
+HOST_SYNC_S = 20e-6 + 3 * 8e-6
+"""A dropless router's per-layer wait on the host: the token counts copied to the host before the dispatch
+(Megatron-Core's alltoall dispatcher syncs at `before_ep_alltoall`; Transformer Engine's grouped GEMM reads
+`tokens_per_expert.tolist()`; DeepEP's normal dispatch waits for the received counts), about 20 µs of copy and
+event, then the three fused kernels launched after it run no faster than the host launches them, about 8 µs
+each (research estimates from Megatron-LM token_dispatcher.py and DeepEP's README; a GPU trace would settle them).
+Forward only: the backward reuses the counts."""
+MAIN_GRAD_BYTES = 8
+"""Bytes per expert weight the weight-gradient GEMM moves into Megatron-Core's fp32 main_grad (read and write,
+gradient_accumulation_fusion): with few tokens per expert this, not the FLOPs, bounds the weight gradient."""
 
 
 def imbalance(spec: ModelSpec, g: Geometry) -> float:
@@ -77,9 +87,10 @@ def _grouped(name: str, m: float, k: float, n: float, weights: float, e: int, *,
     flops = 2.0 * m * k * n
     moved = (m * k + weights) * (1 if fp8 else e) + m * n * e
     forward, backward = gemm_passes(m / groups, k, n, groups)  # `groups` local experts, m / groups tokens each
-    return Op(name, "moe", "matrix", Cost(flops, flops / busiest, moved, 1, fwd_comms, forward),
-              Cost(2 * flops, 2 * flops / busiest, 2 * moved, 2, bwd_comms, backward), saved_bytes=saved,
-              params=params, fp8=fp8, expert=True)
+    # Transformer Engine runs one cuBLAS GEMM per local expert (multi_stream_cublas_gemm, 4 streams) by default
+    return Op(name, "moe", "matrix", Cost(flops, flops / busiest, moved, groups, fwd_comms, forward),
+              Cost(2 * flops, 2 * flops / busiest, 2 * moved + MAIN_GRAD_BYTES * weights, 2 * groups, bwd_comms,
+                   backward), saved_bytes=saved, params=params, fp8=fp8, expert=True)
 
 
 def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
@@ -102,6 +113,13 @@ def moe_block(spec: ModelSpec, g: Geometry) -> list[Op]:
                    kernels=ROUTER_KERNELS),
            _vector("dispatch", "moe", "permute", sent * h, (sharded + sent) * h * e, kernels=PERMUTE_KERNELS,
                    fwd_comms=a2a_fwd, bwd_comms=a2a_bwd)]
+    if not spec.capacity_factor:  # dropless: the dispatch needs the token counts on the host
+        ops.append(Op("token_count_sync", "moe", "vector", Cost(kernels=0, latency_s=HOST_SYNC_S),
+                      Cost(kernels=0)))
+    # the received copies regrouped by local expert and back (Megatron-Core's sort_chunks_by_idxs, or the flex
+    # dispatcher's local permute after the exchange): two more passes over them each way
+    regroup = np.where((np.asarray(ep) > 1) & (local > 1), routed * h, 0.0)
+    ops.append(_vector("expert_regroup", "moe", "permute", regroup, 4 * regroup * e, kernels=2))
     bias_up, bias_down = (up, h) if spec.mlp_bias else (0.0, 0.0)
     ops.append(_grouped("expert_up", routed, h, up, local * h * up, e, params=local * (h * up + bias_up),
                         saved=routed * h * g.gemm_input_bytes, fwd_comms=gather, bwd_comms=scatter, fp8=g.fp8,

@@ -87,22 +87,26 @@ def gemm_efficiency(accelerator: Accelerator, precision: str, m: Any, n: Any, k:
             * tiling(accelerator, m, n, groups))
 
 
-def matrix_compute(cost: Cost, kind: str, accelerator: Accelerator, precision: str, chunks: Any = 1) -> Any:
+def matrix_compute(cost: Cost, kind: str, accelerator: Accelerator, precision: str, chunks: Any = 1,
+                   concurrent: Any = 1) -> Any:
     """Compute seconds of a matrix or fused-attention op direction; with `chunks`, of its GEMMs split into that many
-    GEMMs of 1/chunks of the rows each (what overlapping them with communication does: `tensor_overlap.py`)."""
+    GEMMs of 1/chunks of the rows each, `concurrent` of them sharing the GPU's waves at a time (on as many streams:
+    what overlapping them with communication does, `tensor_overlap.py`)."""
     factor = accelerator.flash_efficiency if kind == "attention" else 1.0
     if precision == "fp8":
         factor = factor * accelerator.fp8_efficiency
     peak = accelerator.matrix_peak(precision) * factor
     if cost.gemms:
-        return sum(2.0 * m * n * k * g / (peak * gemm_efficiency(accelerator, precision, m / chunks, n, k, g))
-                   for m, n, k, g in cost.gemms)  # chunks run one after the other, each its own waves
+        together = np.minimum(concurrent, chunks)
+        return sum(2.0 * m * n * k * g / (peak * gemm_efficiency(accelerator, precision, m / chunks, n, k,
+                                                                 g * together))
+                   for m, n, k, g in cost.gemms)
     return cost.flops / (peak * efficiency(accelerator, cost.flops / np.maximum(cost.kernels, 1)))
 
 
-def chunked_compute(cost: Cost, accelerator: Accelerator, precision: str, chunks: Any) -> Any:
-    """`matrix_compute` of a GEMM op split into `chunks` GEMMs along its rows."""
-    return matrix_compute(cost, "matrix", accelerator, precision, chunks)
+def chunked_compute(cost: Cost, accelerator: Accelerator, precision: str, chunks: Any, concurrent: Any = 1) -> Any:
+    """`matrix_compute` of a GEMM op split into `chunks` GEMMs along its rows, `concurrent` at a time."""
+    return matrix_compute(cost, "matrix", accelerator, precision, chunks, concurrent)
 
 
 def op_time(cost: Cost, kind: str, accelerator: Accelerator, precision: str) -> OpTime:
@@ -113,4 +117,4 @@ def op_time(cost: Cost, kind: str, accelerator: Accelerator, precision: str) -> 
     else:
         compute = matrix_compute(cost, kind, accelerator, precision)
     memory = cost.bytes / accelerator.memory_bytes_per_s
-    return OpTime(compute, memory, cost.kernels * accelerator.kernel_overhead_us * 1e-6)
+    return OpTime(compute, memory, cost.kernels * accelerator.kernel_overhead_us * 1e-6 + cost.latency_s)

@@ -34,6 +34,10 @@ PIPELINE_SPLITS = 4
 """Transformer Engine's GEMM + reduce-scatter splits (`num_splits = 4` for proj_fprop, fc2_fprop)."""
 COMM_SMS = 16
 """SMs Transformer Engine's pipelined and bulk overlaps give the communication (`num_sm = 16`, set_sm_margin)."""
+STREAMS = {"userbuffers": 3, "async-tp": 2}
+"""Compute streams the chunk GEMMs run on, so that consecutive chunks share the GPU's waves: Transformer Engine's
+`CommOverlapP2PBase` keeps up to 3 (`_stream_compute`, NVTE_COMM_OVERLAP_MAX_STREAMS), PyTorch's async TP alternates
+2 ("the strategy allows for computation/computation overlapping, greatly reducing quantization inefficiency")."""
 BARRIER_S = 10e-6
 """One cross-GPU barrier of PyTorch's async TP (an estimate of 5-10 µs: a GPU measurement would settle it)."""
 
@@ -48,7 +52,7 @@ def overlapped_tp(comm: Collective, cost: Cost, compute_s: Any, direction: str, 
     tp = np.maximum(comm.size, 1)
     sms = accelerator.sm_count or 132
     if comm.kind == "all-gather":
-        chunk = chunked_compute(cost, accelerator, precision, tp) / tp
+        chunk = chunked_compute(cost, accelerator, precision, tp, STREAMS[implementation]) / tp
         ring = chunk + (tp - 1) * np.maximum(chunk, collective / np.maximum(tp - 1, 1))
         if implementation == "async-tp":
             ring = ring + BARRIER_S + comm.bytes / tp / accelerator.memory_bytes_per_s
@@ -56,9 +60,10 @@ def overlapped_tp(comm: Collective, cost: Cost, compute_s: Any, direction: str, 
     if implementation == "userbuffers":
         if direction == "backward":  # bulk: beside the weight-gradient GEMM on the SMs left
             return np.maximum(0.0, np.maximum(compute_s * sms / (sms - COMM_SMS), collective) - compute_s)
-        splits = chunked_compute(cost, accelerator, precision, PIPELINE_SPLITS) * sms / (sms - COMM_SMS)
+        splits = chunked_compute(cost, accelerator, precision, PIPELINE_SPLITS, STREAMS[implementation]) * sms / (
+            sms - COMM_SMS)
         return np.maximum(0.0, splits + collective / PIPELINE_SPLITS - compute_s)
-    chunk = chunked_compute(cost, accelerator, precision, tp) / tp
+    chunk = chunked_compute(cost, accelerator, precision, tp, STREAMS[implementation]) / tp
     m, n = cost.gemms[0][0], cost.gemms[0][1]
     partials = (m * n + m * n / tp) * act_bytes / accelerator.memory_bytes_per_s
     steps = (tp - 1) * np.maximum(chunk, collective / np.maximum(tp - 1, 1) + BARRIER_S)
