@@ -60,6 +60,12 @@ class Accelerator:
     """fp8 GEMMs reach this fraction of the efficiency of an equal-sized 16-bit GEMM (each of its own peak)."""
     reserved_GiB: float = 0.0
     """Device memory not available to the model (runtime context, communication buffers, fragmentation)."""
+    power_limit_W: float = 0.0
+    """The board power limit the GPU runs at (0: unknown)."""
+    rated_power_W: float = 0.0
+    """The power limit its matrix rates (curve, attention and fp8 efficiencies) were measured at; where the GPU runs
+    at another limit its sustained matrix rate follows the clock that limit allows (`perfmodel/model/rates.py`).
+    0: the same as `power_limit_W`."""
     gemm_k0: dict[str, float] = dataclasses.field(default_factory=dict)
     """Per precision, the inner dimension K0 at which a GEMM loses half its rate to fixed per-tile costs: a GEMM of
     inner dimension K reaches K/(K + K0) of the curve's efficiency (each output tile pays its pipeline fill and
@@ -284,6 +290,8 @@ def system_from_dict(data: dict[str, Any], source: str = "system") -> SystemSpec
                                  "accelerator.fp8_efficiency", at_most=1.0),
         reserved_GiB=_positive(acc.get("reserved_GiB", defaults["reserved_GiB"]), "accelerator.reserved_GiB",
                                allow_zero=True),
+        power_limit_W=_positive(acc.get("power_limit_W", 0.0), "accelerator.power_limit_W", allow_zero=True),
+        rated_power_W=_positive(acc.get("rated_power_W", 0.0), "accelerator.rated_power_W", allow_zero=True),
         gemm_k0={key: _positive(value, f"accelerator.gemm_k0.{key}", allow_zero=True)
                  for key, value in _precision_table(acc.get("gemm_k0", {}), "accelerator.gemm_k0").items()},
         sm_count=_count(acc.get("sm_count", defaults["sm_count"]), "accelerator.sm_count"))

@@ -93,11 +93,14 @@ def _ring_rate(n: Any, g: Any, network: Network) -> Any:
     return np.where(one_domain, 1 / network.intra.bytes_per_s, both)
 
 
-def _nccl(candidates: list[tuple[Any, Any, Any]], network: Network) -> Any:
-    """Of (bandwidth term, latency term, allowed) per algorithm: the time of the one NCCL's tuner picks (least
-    X + L among the allowed), launch + max(X, L)."""
+def _nccl(candidates: list[tuple[Any, Any, Any] | None], network: Network) -> Any:
+    """Of (bandwidth term, latency term, allowed) per algorithm (None: allowed nowhere): the time of the one NCCL's
+    tuner picks (least X + L among the allowed), launch + max(X, L)."""
+    present = [c for c in candidates if c is not None]
+    if len(present) == 1:
+        return network.launch_us * 1e-6 + np.maximum(present[0][0], present[0][1])
     best_cost, best_time = np.inf, np.inf
-    for x, latency, allowed in candidates:
+    for x, latency, allowed in present:
         cost = np.where(allowed, x + latency, np.inf)
         best_time = np.where(cost < best_cost, np.maximum(x, latency), best_time)
         best_cost = np.minimum(cost, best_cost)
@@ -112,17 +115,22 @@ def _ring(nbytes: Any, n: Any, g: Any, network: Network, passes: int) -> tuple[A
     return volume * _ring_rate(n, g, network), hops, True
 
 
-def _pat(nbytes: Any, n: Any, g: Any, network: Network) -> tuple[Any, Any, Any]:
-    """(X, L, allowed) of NCCL's PAT reduce-scatter or all-gather: one GPU per domain only."""
+def _pat(nbytes: Any, n: Any, g: Any, network: Network) -> tuple[Any, Any, Any] | None:
+    """(X, L, allowed) of NCCL's PAT reduce-scatter or all-gather: one GPU per domain only (None: nowhere)."""
     domains = np.ceil(n / g)
+    allowed = (np.asarray(g) == 1) & (domains > 1)
+    if not np.any(allowed):
+        return None
     return ((n - 1) / np.maximum(n, 1) * nbytes / (PAT_BANDWIDTH * network.inter.bytes_per_s),
-            np.log2(np.maximum(domains, 1)) * network.inter.latency_s / 3.5 + PAT_LINEAR_S * n,
-            (np.asarray(g) == 1) & (domains > 1))
+            np.log2(np.maximum(domains, 1)) * network.inter.latency_s / 3.5 + PAT_LINEAR_S * n, allowed)
 
 
-def _tree(nbytes: Any, n: Any, g: Any, network: Network) -> tuple[Any, Any, Any]:
-    """(X, L, allowed) of NCCL's all-reduce over double binary trees across domains, a chain inside each."""
+def _tree(nbytes: Any, n: Any, g: Any, network: Network) -> tuple[Any, Any, Any] | None:
+    """(X, L, allowed) of NCCL's all-reduce over double binary trees across domains, a chain inside each (None:
+    no group spans domains)."""
     domains = np.ceil(n / g)
+    if not np.any(domains > 1):
+        return None
     depth = np.ceil(np.log2(np.maximum(domains, 1)))
     return (2 * nbytes * np.maximum(1 / network.intra.bytes_per_s, 1 / (g * network.inter.bytes_per_s)),
             2 * ((g - 1) * network.intra.latency_s + depth * network.inter.latency_s), domains > 1)

@@ -158,23 +158,25 @@ def exposed(policy: str, T: DataParallelTerms, w: Windows, *, zero: Any, pp: Any
     replica_rounds = np.where(pp == 1, 1, rounds)  # HSDP's all-reduce of the shards: once per pipeline round
     forwards, backwards = zero3_gathers(pp, rounds, micro_batches, backward, reshard_after_forward)
     sharded = zero >= 1
-    total, last = (np.where(sharded, b, a) for a, b in zip(T.bucketed["all-reduce"], T.bucketed["reduce-scatter"],
-                                                           strict=True))
-    experts = np.where(sharded, T.experts["reduce-scatter"], T.experts["all-reduce"])
     updated_total, updated_first = T.gather["updated"]
     if not overlap:
-        reduce_s = reductions * (total + experts) + np.where(sharded, replica_rounds * T.replicas[0], 0.0)
+        total = np.where(sharded, T.bucketed["reduce-scatter"][0] + T.experts["reduce-scatter"],
+                         T.bucketed["all-reduce"][0] + T.experts["all-reduce"])
+        reduce_s = reductions * total + np.where(sharded, replica_rounds * T.replicas[0], 0.0)
         zero3_s, updated_s = (forwards + backwards) * T.gather["zero3"][0], updated_total
     else:
-        if policy == "after-backward":
-            per_reduction = total + experts
-        elif policy == "megatron":
-            chunk = np.where(sharded, T.chunk["reduce-scatter"], T.chunk["all-reduce"])
-            per_reduction = _megatron_reduce(total, last, chunk, experts, w, pp, interleave, share)
-        else:
-            per_reduction = _hidden(total + experts, last, w.backward, share)
+        def per_reduction(kind: str) -> Any:  # what depends on the kind alone, then picked per ZeRO stage
+            kind_total, kind_last = T.bucketed[kind]
+            if policy == "after-backward":
+                return kind_total + T.experts[kind]
+            if policy == "megatron":
+                return _megatron_reduce(kind_total, kind_last, T.chunk[kind], T.experts[kind], w, pp, interleave,
+                                        share)
+            return _hidden(kind_total + T.experts[kind], kind_last, w.backward, share)
+
+        reduce_s = reductions * np.where(sharded, per_reduction("reduce-scatter"), per_reduction("all-reduce"))
         replicas = replica_rounds * _hidden(*T.replicas, w.backward, share)
-        reduce_s = reductions * per_reduction + np.where(sharded, replicas, 0.0)
+        reduce_s = reduce_s + np.where(sharded, replicas, 0.0)
         updated_s = _updated_gather(policy, updated_total, updated_first, w, interleave, T.chunks, share)
         if policy == "ddp":  # ZeRO-3's weights in size buckets, behind each pass but for the first bucket
             weights_s, first_s = T.gather["zero3"]
@@ -227,14 +229,16 @@ def _megatron_reduce(total: Any, last: Any, chunk: Any, experts: Any, w: Windows
     slot = w.backward / interleave  # one micro-batch's backward of one model chunk
     earlier = np.where(pp > 1, slot + w.p2p, 0.0)
     launch = -(interleave - 1) * pp * slot - slot
-    first, second = launch + experts, launch - earlier + experts
-    for c in range(int(np.max(interleave)) - 1, 0, -1):
-        active = c < interleave
-        first = np.where(active, np.maximum(-c * pp * slot, first) + chunk, first)
-        second = np.where(active, np.maximum(-c * pp * slot - earlier, second) + chunk, second)
-    begin = np.maximum(first, -slot)
+    # the stream's chain, F = max(L_c, F) + chunk for c = v-1..1 from F = launch + experts, in closed form: the
+    # chain ends either after every chunk from its start, or after the c chunks from chunk c's launch -c·p·slot,
+    # c·(chunk − p·slot) at its largest (c = v−1 when chunks outlast their slots, else c = 1)
+    gap = chunk - pp * slot
+    last_launch = np.where(gap > 0, (interleave - 1) * gap, gap)
+    chain = np.where(interleave > 1, np.maximum(launch + experts + (interleave - 1) * chunk, last_launch),
+                     launch + experts)
+    begin = np.maximum(chain, -slot)
     hidden = np.maximum(0.0, np.minimum(-begin, total - last))  # chunk 0's buckets that run inside its window
     rank0 = np.maximum(begin + total, last)
-    rank1 = np.where(pp > 1, np.maximum(second, -earlier) + chunk, -np.inf)
+    rank1 = np.where(pp > 1, np.maximum(chain - earlier, -earlier) + chunk, -np.inf)
     overlapped = experts + (interleave - 1) * chunk + hidden  # what ran beside backward compute
     return np.maximum(0.0, np.maximum(rank0, rank1)) + share * overlapped

@@ -16,6 +16,14 @@ FLOPs / vector peak for elementwise ops; memory = bytes / (HBM bandwidth · effi
   M·N·G / (ceil(T/S)·S·BM·BN) of the launched work is useful;
 times `flash_efficiency` for fused attention (an op of kind attention, priced by FLOPs) and `fp8_efficiency`
 for fp8 GEMMs. A matrix op without shapes is priced by the curve at its FLOPs per kernel.
+
+Power: back-to-back GEMMs hold a GPU at its power limit, where the firmware lowers the SM clock until the board
+draws no more (stepscope's H200 at 700 W: median 1,432 MHz against 1,980 at boost, docs/gpu-measurements.md). A
+GPU capped at another limit P than the one its rates were measured at (P_ref, `Accelerator.rated_power_W`)
+sustains the clock ((P − P0)/(P_ref − P0))^(1/2) of it: the board's dynamic power C·V²·f above a static P0 of
+100 W (83 W measured idle), with the voltage V rising about as √f over the DVFS range (an assumption between
+V constant, P ∝ f, and V ∝ f, P ∝ f³; a clock log at two limits would settle it). Matrix rates scale with the clock;
+memory-bound work does not (the HBM clock is not lowered).
 """
 
 from __future__ import annotations
@@ -62,6 +70,18 @@ def on_stack(system: SystemSpec, stack: StackSpec) -> SystemSpec:
     return system
 
 
+STATIC_POWER_W = 100.0
+"""Board power that does not scale with the SM clock (idle, HBM, static leakage; the module docstring)."""
+
+
+def power_scale(accelerator: Accelerator) -> float:
+    """The sustained matrix rate at the accelerator's power limit over the one its rates were measured at."""
+    limit, rated = accelerator.power_limit_W, accelerator.rated_power_W or accelerator.power_limit_W
+    if not limit or limit == rated:
+        return 1.0
+    return math.sqrt(max(limit - STATIC_POWER_W, 0.0) / (rated - STATIC_POWER_W))
+
+
 TILES = ((128, 128), (128, 256), (256, 128))
 """Output tile shapes of Hopper-class GEMM kernels (cuBLAS `nvjet_sm90`, CUTLASS, DeepGEMM's candidates)."""
 
@@ -95,7 +115,7 @@ def matrix_compute(cost: Cost, kind: str, accelerator: Accelerator, precision: s
     factor = accelerator.flash_efficiency if kind == "attention" else 1.0
     if precision == "fp8":
         factor = factor * accelerator.fp8_efficiency
-    peak = accelerator.matrix_peak(precision) * factor
+    peak = accelerator.matrix_peak(precision) * factor * power_scale(accelerator)
     if cost.gemms:
         together = np.minimum(concurrent, chunks)
         return sum(2.0 * m * n * k * g / (peak * gemm_efficiency(accelerator, precision, m / chunks, n, k,

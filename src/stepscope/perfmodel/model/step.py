@@ -82,7 +82,7 @@ def assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candida
     # ---- data parallelism: gradient reduction, HSDP replicas, weight gathers, as the stack schedules them -----
     dp = T.dp_sizes
     optimizer_s = np.where(zero >= 1, T.optimizer_s[1], T.optimizer_s[0])
-    windows = Windows(forward=stage_fwd.total_s, backward=stage_bwd.total_s, p2p=p2p_fwd / T.interleave,
+    windows = Windows(forward=stage_fwd.total_s, backward=stage_bwd.total_s, p2p=T.p2p_one,
                       optimizer=optimizer_s, blocks=T.critical_blocks)
     share = min(1.0, system.network.collective_sms / system.accelerator.sm_count) if (
         system.network.collective_sms and system.accelerator.sm_count) else 0.0
@@ -97,15 +97,16 @@ def assemble(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Candida
 
     # ---- phases, breakdown, FLOPs --------------------------------------------------------------------------
     bubble_s = bubble(pp, T.interleave, stage_fwd.total_s + stage_bwd.total_s + p2p_fwd + p2p_bwd, rounds)
+    fill_s = rounds * T.p2p_fill  # the sends an overlapping schedule cannot hide, in its fill and drain
     zero3_gather_s = np.where(zero == 3, gather_s, 0.0)  # in the backward phase, or forward's without one
     out = {"forward_ms": 1e3 * (m * (stage_fwd.total_s + p2p_fwd) + (0.0 if backward else zero3_gather_s)),
            "backward_ms": 1e3 * (m * (stage_bwd.total_s + p2p_bwd) + reduce_s + (zero3_gather_s if backward else 0.0)),
            "optimizer_ms": 1e3 * (optimizer_s + np.where(zero == 3, 0.0, gather_s)),
-           "bubble_ms": 1e3 * bubble_s,
+           "bubble_ms": 1e3 * (bubble_s + fill_s),
            "forward_compute_s": m * stage_fwd.compute_s, "backward_compute_s": m * (stage_bwd.compute_s - stage_rec),
            "recompute_s": m * stage_rec, "tp_comm_s": m * (stage_fwd.tp_s + stage_bwd.tp_s),
            "cp_comm_s": m * (stage_fwd.cp_s + stage_bwd.cp_s), "ep_comm_s": m * (stage_fwd.ep_s + stage_bwd.ep_s),
-           "pp_comm_s": m * (p2p_fwd + p2p_bwd), "bubble_s": bubble_s, "dp_comm_s": reduce_s + gather_s,
+           "pp_comm_s": m * (p2p_fwd + p2p_bwd) + fill_s, "bubble_s": bubble_s, "dp_comm_s": reduce_s + gather_s,
            "optimizer_s": optimizer_s}
     step = sum(out[f"{phase}_ms"] for phase in PHASES) / 1e3
     seq = workload.seq

@@ -40,6 +40,11 @@ from stepscope.spec.plan import stage_layers
 from stepscope.spec.stack import load_stack
 from stepscope.spec.system import SystemSpec
 
+PIPELINE_SYNC_S = 15e-6
+"""A device synchronisation after a batched pipeline exchange and the launch queue refilling after it (an estimate
+of 10-20 µs; Megatron-LM p2p_communication.py calls torch.cuda.synchronize() "to protect against race condition
+when using batch_isend_irecv()")."""
+
 STAGES = ("first", "middle", "last")
 """The distinct pipeline stages: rank 0 (with the embedding), rank 1 (the fullest middle one; pp > 2) and the
 last (with the head). With pp = 1 the first is the only stage and holds the head too."""
@@ -170,7 +175,11 @@ class Terms:
     embedding: tuple[Span, Span]
     head: tuple[Span, Span]
     p2p_s: tuple[Any, Any]
-    """Pipeline point-to-point per micro-batch, forward and backward (once per virtual chunk)."""
+    """Pipeline point-to-point per micro-batch that shows, forward and backward (once per virtual chunk)."""
+    p2p_one: Any
+    """One pipeline send of a micro-batch's activations (or their gradient)."""
+    p2p_fill: Any
+    """Pipeline sends that show per round where the steady state hides them: on the schedule's fill and drain."""
     stage_blocks: tuple[tuple[Any, Any], ...]
     """(dense, MoE) blocks of the first, middle and last stage."""
     stage_exists: tuple[Any, Any, Any]
@@ -229,9 +238,15 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     head_spans = (span(head, "forward"), span(head, "backward") if backward else none)
 
     # pipeline point-to-point: each micro-batch sends its activations forward and its gradient back, once per
-    # virtual chunk, inter-domain unless the whole pipeline group sits in one domain
+    # virtual chunk, inter-domain unless the whole pipeline group sits in one domain. Plain 1F1B exchanges them
+    # batched and synchronises the device after each (Megatron-LM: `batch_p2p_sync`, the non-interleaved schedule
+    # cannot overlap them); the interleaved schedule of a stack that overlaps (`overlap_p2p_comm`) hides them behind
+    # the next chunk's compute but for the schedule's fill and drain, one send per stage boundary each
     p2p_one = np.where(c.pp > 1, p2p(g.sharded_tokens * spec.d_model * e, layout["pp"] >= c.pp, network), 0.0)
-    p2p_s = (c.interleave * p2p_one, c.interleave * p2p_one if backward else 0.0)
+    hidden = (c.interleave > 1) & (stack.pipeline_p2p == "overlapped")
+    exposed_one = np.where(hidden, 0.0, c.interleave * (p2p_one + np.where(c.pp > 1, PIPELINE_SYNC_S, 0.0)))
+    p2p_s = (exposed_one, exposed_one if backward else 0.0)
+    p2p_fill = np.where(hidden, (1 + backward) * (c.pp - 1) * p2p_one, 0.0)
 
     # stages: layers (a MoE model's leading dense blocks sit on the first stage; those that do not fit there are
     # counted as MoE blocks of the middle stages, which hold more parameters: a bound), micro-batches held
@@ -286,7 +301,8 @@ def group_terms(spec: ModelSpec, workload: Workload, system: SystemSpec, c: Cand
     vocab = spec.vocab_size / c.tp
     return Terms(
         m=m, gpus=c.gpus, pp=c.pp, interleave=c.interleave, rounds=c.pipeline_rounds, dense=dense, moe=moe,
-        embedding=embedding, head=head_spans, p2p_s=p2p_s, stage_blocks=blocks, stage_exists=exists,
+        embedding=embedding, head=head_spans, p2p_s=p2p_s, p2p_one=p2p_one,
+        p2p_fill=p2p_fill, stage_blocks=blocks, stage_exists=exists,
         holds_head=holds_head, held=held,
         stage_params=stage_params, critical=critical, dp_sizes=dp, dp=dp_terms,
         critical_blocks=critical_dense + critical_moe,
