@@ -24,6 +24,9 @@ def test_the_hopper_presets_are_the_rule_applied_to_the_shipped_measurements():
             assert g == g2 and derived == pytest.approx(stored, abs=5e-4)
         assert fitted.accelerator.flash_efficiency == pytest.approx(preset.accelerator.flash_efficiency, abs=5e-3)
         assert fitted.accelerator.fp8_efficiency == pytest.approx(preset.accelerator.fp8_efficiency, abs=5e-3)
+        # the K0s, rounded to whole elements; the H100/H800 ones moved from the H200 by memory bandwidth
+        for precision, k0 in preset.accelerator.gemm_k0.items():
+            assert fitted.accelerator.gemm_k0[precision] == pytest.approx(k0, abs=0.5)
 
 
 H100_PEAKS = {"bf16": 989.0, "fp8": 1979.0, "cudnn": 989.0}
@@ -52,7 +55,8 @@ def test_the_rule_by_hand_and_what_it_keeps():
     kept, rows = fitted_rates(rows_of(bf16=0.6), base)
     assert kept.accelerator.flash_efficiency == base.accelerator.flash_efficiency
     assert kept.accelerator.fp8_efficiency == base.accelerator.fp8_efficiency
-    assert [row["source"].startswith("kept") for row in rows] == [False, True, True]
+    # rows without shapes give no K law: the median, and the base's K0 kept
+    assert [row["source"].startswith("kept") for row in rows] == [False, True, True, True]
     with pytest.raises(UsageError, match="no dense bf16 GEMM rows"):
         fitted_rates(rows_of(fp8=0.5), base)
     # fractions are of the base's peaks: the same rates on a GPU with twice the peak are half as efficient

@@ -126,8 +126,10 @@ def test_fp8_without_cast_costs_and_at_the_bf16_rate_is_bf16(monkeypatch):
     spec = get_preset("llama3-70b")
     plan = ParallelPlan(dp=8, tp=8, pp=4, micro_batch=1, zero=1, sequence_parallel=True)
     bf16, fp8 = (Workload(batch=64, seq=8192, precision=p) for p in ("bf16", "fp8"))
+    acc = H100.accelerator
     same_rate = dataclasses.replace(H100, accelerator=dataclasses.replace(
-        H100.accelerator, matrix_TFLOPps={**H100.accelerator.matrix_TFLOPps, "fp8": 989.0}, fp8_efficiency=1.0))
+        acc, matrix_TFLOPps={**acc.matrix_TFLOPps, "fp8": 989.0}, fp8_efficiency=1.0,
+        gemm_k0={**acc.gemm_k0, "fp8": acc.gemm_k0["bf16"]}))
     monkeypatch.setattr(ops, "FP8_CAST_BYTES", {"delayed": 0, "current": 0, "blockwise": 0})
     monkeypatch.setattr(ops, "FP8_CAST_FLOPS", 0.0)
     monkeypatch.setattr(ops, "FP8_CAST_KERNELS", 0)
@@ -193,9 +195,10 @@ def test_the_search_finds_uneven_layouts_where_even_ones_cannot_exist():
 
 
 def test_tp_overlap_hides_only_inside_one_domain_and_ring_attention_runs_a_kernel_per_step():
-    """TP8 inside a node hides its collectives behind the GEMMs with --tp-overlap; TP8 spread over two nodes by a
-    cp-innermost placement cannot (CUDA peer-to-peer access stops at the node), so overlap changes nothing there.
-    Context parallelism splits the fused attention into one kernel per ring step."""
+    """TP8 inside a node hides part of its collectives behind the GEMMs with --tp-overlap (the chunked GEMMs and
+    the unhidden chunk cost the rest, tensor_overlap.py); TP8 spread over two nodes by a cp-innermost placement
+    cannot (CUDA peer-to-peer access stops at the node), so overlap changes nothing there. Context parallelism
+    splits the fused attention into one kernel per ring step, each step's partial output merged in fp32."""
     workload = Workload(batch=256, seq=8192, precision="bf16", mode="train")
     base = ParallelPlan(dp=16, tp=8, pp=8, cp=2, micro_batch=1, zero=1, sequence_parallel=True, first_stage_layers=14,
                         last_stage_layers=16)
@@ -203,7 +206,10 @@ def test_tp_overlap_hides_only_inside_one_domain_and_ring_attention_runs_a_kerne
     for plan, hidden in ((inside, True), (across, False)):
         plain = evaluate(LLAMA_405B, workload, plan, H100).breakdown["tp_comm"]
         overlapped = evaluate(LLAMA_405B, workload, plan.replace(tp_overlap=True), H100).breakdown["tp_comm"]
-        assert (overlapped < 0.5 * plain) if hidden else (overlapped == pytest.approx(plain, rel=1e-12))
+        assert (overlapped < 0.9 * plain) if hidden else (overlapped == pytest.approx(plain, rel=1e-12))
     g = geometry(base, workload)
-    (flash,) = [op for op in ops.attention_ops(LLAMA_405B, g)]
+    flash, merge = ops.attention_ops(LLAMA_405B, g)
     assert flash.forward.kernels == flash.backward.kernels == 2
+    # Transformer Engine's ring: one correction pass over the fp32 output per step after the first
+    tokens = 8192 / 2
+    assert merge.name == "cp_merge" and merge.forward.bytes == pytest.approx(8 * tokens * LLAMA_405B.q_dim / 8)

@@ -70,11 +70,12 @@ def test_expert_parallelism_splits_the_routed_experts_only():
 
 def test_all_to_all_cost_follows_the_nccl_tests_factor_and_the_tiers():
     net = H100.network
+    launch = net.launch_us * 1e-6  # NCCL's cost per call
     size = 256 * 2**20
     one_domain = all_to_all(size, 8, 8, net)
-    assert one_domain == pytest.approx(7 / 8 * size / net.intra.bytes_per_s + net.intra.latency_s)
+    assert one_domain == pytest.approx(launch + 7 / 8 * size / net.intra.bytes_per_s + net.intra.latency_s)
     spread = all_to_all(size, 64, 8, net)
-    assert spread == pytest.approx(7 / 64 * size / net.intra.bytes_per_s + net.intra.latency_s
+    assert spread == pytest.approx(launch + 7 / 64 * size / net.intra.bytes_per_s + net.intra.latency_s
                                    + 56 / 64 * size / net.inter.bytes_per_s + net.inter.latency_s)
     assert spread > one_domain
     assert collective_time("all-to-all", size, 1, 1, net) == 0.0
@@ -86,10 +87,11 @@ def test_deduplicated_dispatch_by_hand():
     DeepSeek-V3's 4 of 8 groups (one per node) 4·(1 − (3/4)^8); the NVLink fan-out of 7/8 of the 8 copies runs
     alongside; inside one node it is the all-to-all of the 8 copies."""
     net = H100.network
+    launch = net.launch_us * 1e-6  # NCCL's cost per call
     size = 64 * 2**20
-    free = 8 * (1 - (7 / 8) ** 8) * 7 / 8 * size / net.inter.bytes_per_s + net.inter.latency_s
+    free = launch + 8 * (1 - (7 / 8) ** 8) * 7 / 8 * size / net.inter.bytes_per_s + net.inter.latency_s
     assert dispatch(size, 64, 8, net, copies=8) == pytest.approx(free)
-    limited = 4 * (1 - (3 / 4) ** 8) * 7 / 8 * size / net.inter.bytes_per_s + net.inter.latency_s
+    limited = launch + 4 * (1 - (3 / 4) ** 8) * 7 / 8 * size / net.inter.bytes_per_s + net.inter.latency_s
     assert dispatch(size, 64, 8, net, copies=8, reach=(8, 4)) == pytest.approx(limited)
     assert limited < free < all_to_all(8 * size, 64, 8, net)
     assert dispatch(size, 8, 8, net, copies=8) == pytest.approx(all_to_all(8 * size, 8, 8, net))

@@ -37,7 +37,7 @@ def test_run_validate_writes_one_record_per_published_run(tmp_path):
         assert record["metrics"]["predicted_step_s"] == row.prediction.step_s
         assert {"measured_step_s", "error_pct", "gpus", "mem_GiB"} <= set(record["metrics"])
     assert outcome.summary().startswith("median absolute error:")
-    with pytest.raises(UsageError, match="invalid choice 'nope'"):
+    with pytest.raises(UsageError, match="--dataset must be one of .* or a .csv file; got 'nope'"):
         run_validate(ValidateConfig(dataset="nope"), tmp_path / "other")
     assert not (tmp_path / "other").exists()
 

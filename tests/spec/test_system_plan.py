@@ -10,7 +10,7 @@ from stepscope.spec import get_preset
 from stepscope.spec.plan import CONSTRAINTS, Facts, ParallelPlan
 from stepscope.spec.system import list_systems, load_system, parse_system_toml, system_to_toml
 
-PRESETS = ["A100-80GB", "H100-SXM", "H800", "H200", "B200", "MI300X", "CPU"]
+PRESETS = ["A100-80GB", "H100-SXM", "H100-SXM-500W", "H100-SXM-96GB-500W", "H800", "H200", "B200", "MI300X", "CPU"]
 
 
 def test_every_preset_loads_and_round_trips_through_toml():

@@ -123,10 +123,12 @@ def load_runs(dataset: str) -> list[PublishedRun]:
                          f"see docs/validation-data.md") from None
 
 
-def validate(system: SystemSpec | None = None, dataset: str = DATASETS[0]) -> list[ValidationRow]:
-    """Predict every run of `dataset` (`load_runs`) on `system` (default: each run's own system preset)."""
+def validate(system: SystemSpec | None = None, dataset: str = DATASETS[0],
+             runs: list[PublishedRun] | None = None) -> list[ValidationRow]:
+    """Predict every run of `dataset` (`load_runs`), or the `runs` given, on `system` (default: each run's own
+    system preset)."""
     return [ValidationRow(run, evaluate(run.model, run.workload, run.plan, system or system_of(run.system)))
-            for run in load_runs(dataset)]
+            for run in (load_runs(dataset) if runs is None else runs)]
 
 
 def median_abs_error(rows: list[ValidationRow]) -> float:
@@ -197,8 +199,9 @@ def run_validate(config: ValidateConfig = ValidateConfig(), out: str | os.PathLi
     (None: no records)."""
     check_choice(config.by, ("run", "source"))
     system = system_of(config.system) if config.system is not None else None
+    runs = load_runs(config.dataset)  # a bad dataset is refused before the records folder exists
     records = RunRecords(out, "validate")
-    rows = validate(system, config.dataset)
+    rows = validate(system, runs=runs)
     if config.cross_validate:
         if system is not None:
             raise UsageError("--cross-validate calibrates each run's own system: leave --system out")
