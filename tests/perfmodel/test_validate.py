@@ -83,18 +83,19 @@ def test_modern_validation_predicts_every_run_on_its_own_system(tmp_path):
 def test_cross_validation_fits_each_run_without_it(tmp_path):
     """Leave one out: the factor behind a run's held-out prediction is the one fitted to the other runs of its
     system, never to a set holding the run itself; the prediction is the base one on the system scaled by it."""
-    from stepscope.perfmodel.calibrate.published import fit_factor, scaled
+    from stepscope.perfmodel.calibrate.published import fit_factor, with_factor
     from stepscope.perfmodel.model.evaluate import evaluate
+    from stepscope.perfmodel.model.rates import scale_curve
     from stepscope.perfmodel.runs import system_of
 
     outcome = run_validate(ValidateConfig(dataset="narayanan2021_table1", cross_validate=True), tmp_path)
     first = outcome.rows[0]
     others = [r.run for r in outcome.rows[1:]]
     base = system_of(first.run.system)
-    factor = fit_factor(others, base, 1e-3)
+    factor = fit_factor(others, with_factor, 1e-3)
     assert first.held_out[0] == pytest.approx(factor, rel=1e-12)
-    assert abs(factor - fit_factor([r.run for r in outcome.rows], base, 1e-3)) > 1e-3  # the run itself moves it
-    expected = evaluate(first.run.model, first.run.workload, first.run.plan, scaled(base, factor)).step_s
+    assert abs(factor - fit_factor([r.run for r in outcome.rows], with_factor, 1e-3)) > 1e-3  # the run moves it
+    expected = evaluate(first.run.model, first.run.workload, first.run.plan, scale_curve(base, factor)).step_s
     assert first.held_out[1] == pytest.approx(expected, rel=1e-12)
     assert "leave-one-out" in outcome.summary() and "loo_error_pct" in first.row()
     assert all(r["metrics"]["loo_factor"] > 0 for r in read_records(tmp_path / "validate.jsonl"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from stepscope.cli.options import add_config_option, add_output_options, choice, one_value, parse_list
+from stepscope.cli.options import add_config_option, add_output_options, one_value, parse_list
 from stepscope.cli.options.model import add_model_options, model_specs
 from stepscope.cli.options.perfmodel import (
     add_plan_options,
@@ -16,6 +16,7 @@ from stepscope.cli.options.perfmodel import (
 )
 from stepscope.errors import UsageError
 from stepscope.perfmodel.calibrate.measured import MAX_EFFICIENCY_LIMIT
+from stepscope.perfmodel.calibrate.published import PublishedCalibrationConfig
 from stepscope.perfmodel.calibrate.run import CalibrateConfig
 from stepscope.perfmodel.validate.datasets import DATASETS
 
@@ -41,9 +42,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         add_config_option(parser, CalibrateConfig, option, help_text)
     published = parser.add_argument_group("from published end-to-end runs instead of records")
     published.add_argument("--published", default=None, metavar="DATASET",
-                           help=f"fit the efficiency of the runs' system to some runs of a shipped dataset "
-                                f"({', '.join(DATASETS)}) and predict its other runs")
+                           help=f"fit the compute efficiency of the runs' training stack to some runs of a shipped "
+                                f"dataset ({', '.join(DATASETS)}, all) or of your own CSV in its schema, and "
+                                f"predict the stack's other runs")
     published.add_argument("--runs", default=None, help="run labels to fit (comma list; with --published)")
+    add_config_option(published, PublishedCalibrationConfig, "--stack-out",
+                      "where --published writes the fitted stack TOML (use it with --stack)")
     rates = parser.add_argument_group("from measured op rates instead of records")
     rates.add_argument("--rates", default=None, metavar="FILES",
                        help="JSON files of `python -m stepscope.measure.op_rates --out` (comma list): the "
@@ -93,18 +97,18 @@ def run(args: argparse.Namespace) -> int:
 def run_published(args: argparse.Namespace) -> int:
     """`--published DATASET --runs ...`: one efficiency factor from end-to-end runs, the others predicted."""
     from stepscope.cli.output import Printer
-    from stepscope.perfmodel.calibrate.published import PublishedCalibrationConfig, run_calibrate_published
+    from stepscope.perfmodel.calibrate.published import run_calibrate_published
 
     if args.runs is None:
         raise UsageError("--published needs --runs (the run labels to fit)")
-    config = PublishedCalibrationConfig(dataset=one_value(args.published, choice(*DATASETS), "--published"),
-                                        runs=tuple(parse_list(args.runs, str, "--runs")), system_out=args.system_out)
+    config = PublishedCalibrationConfig(dataset=one_value(args.published, str, "--published"),
+                                        runs=tuple(parse_list(args.runs, str, "--runs")), stack_out=args.stack_out)
     outcome = run_calibrate_published(config, args.out)
     printer = Printer(args.format)
-    printer.note(f"{outcome.base.name}: efficiency curve x {outcome.factor:.4f}, fitted to {', '.join(config.runs)}")
-    printer.emit(outcome.rows, title="every run of that system: error before (base) and after (fitted)")
+    printer.note(f"{outcome.base.name}: compute efficiency x {outcome.factor:.4f}, fitted to {', '.join(config.runs)}")
+    printer.emit(outcome.rows, title="every run of that stack: error before (base) and after (fitted)")
     printer.emit(outcome.summary(), title="fit (in-sample) and held-out (out-of-sample) error")
-    printer.note(f"system: {outcome.system_out}  (use it with --system {outcome.system_out})")
+    printer.note(f"stack: {outcome.stack_out}  (use it with --stack {outcome.stack_out})")
     printer.note(f"records: {outcome.path}")
     return 0
 

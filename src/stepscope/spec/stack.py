@@ -64,6 +64,10 @@ class StackSpec:
     pipeline_p2p: str = "overlapped"
     """Pipeline sends and receives: overlapped with the next chunk's compute (Megatron-Core's interleaved schedule
     with overlap_p2p_comm) or synchronous (1F1B: batched, each followed by a device synchronisation)."""
+    compute_efficiency: float = 1.0
+    """A factor on the system's matrix efficiency curve (and so its fused attention) for what this stack's kernels
+    reach beyond what the model prices from the behaviours above: 1.0 in every shipped preset (nothing fitted);
+    `calibrate --published` fits it from a few published or measured runs of the stack."""
     sources: str = ""
     """Where each behaviour comes from."""
 
@@ -82,7 +86,21 @@ def stack_from_dict(data: dict[str, Any], source: str = "stack") -> StackSpec:
     for key, choices in CHOICES.items():
         if key in data and data[key] not in choices:
             raise UsageError(f"{key} in {source} must be one of {', '.join(choices)}, got {data[key]!r}")
-    return StackSpec(**{k: str(v) for k, v in data.items()})
+    fields = {k: str(v) for k, v in data.items() if k != "compute_efficiency"}
+    factor = data.get("compute_efficiency", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 10:
+        raise UsageError(f"compute_efficiency in {source} must be a number in (0, 10], got {factor!r}")
+    return StackSpec(**fields, compute_efficiency=float(factor))
+
+
+def stack_to_toml(stack: StackSpec, header: str = "") -> str:
+    """TOML text that `load_stack` reads back to an equal StackSpec."""
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    for field in dataclasses.fields(StackSpec):
+        value = getattr(stack, field.name)
+        escaped = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+        lines.append(f"{field.name} = {repr(value) if isinstance(value, float) else chr(34) + escaped + chr(34)}")
+    return "\n".join(lines) + "\n"
 
 
 def _preset_files() -> dict[str, Any]:

@@ -61,13 +61,26 @@ def efficiency(accelerator: Accelerator, flops_per_kernel: Any) -> Any:
     return 1.0 / inverse
 
 
+MAX_CURVE = 0.95
+"""A scaled efficiency curve stays at or below 95 % of the peak (cuBLAS's best large GEMMs on H100/A100)."""
+
+
+def scale_curve(system: SystemSpec, factor: float) -> SystemSpec:
+    """`system` with every knot of its efficiency curve times `factor`, capped at MAX_CURVE. Fused attention
+    follows: its efficiency is `flash_efficiency` times the curve's, so it must not be scaled again."""
+    acc = system.accelerator
+    curve = tuple((gflop, min(MAX_CURVE, eff * factor)) for gflop, eff in acc.matrix_efficiency_by_GFLOP)
+    return system.replace(accelerator=dataclasses.replace(acc, matrix_efficiency_by_GFLOP=curve))
+
+
 def on_stack(system: SystemSpec, stack: StackSpec) -> SystemSpec:
     """`system` as `stack` runs on it: its fused attention at FlashAttention-2's rate where the stack runs that
-    kernel and the accelerator states its rate (`Accelerator.flash2_efficiency`)."""
+    kernel and the accelerator states its rate (`Accelerator.flash2_efficiency`), its curve times the stack's
+    `compute_efficiency`."""
     acc = system.accelerator
     if stack.attention == "flash-attention-2" and acc.flash2_efficiency:
-        return system.replace(accelerator=dataclasses.replace(acc, flash_efficiency=acc.flash2_efficiency))
-    return system
+        system = system.replace(accelerator=dataclasses.replace(acc, flash_efficiency=acc.flash2_efficiency))
+    return scale_curve(system, stack.compute_efficiency) if stack.compute_efficiency != 1.0 else system
 
 
 STATIC_POWER_W = 100.0

@@ -22,7 +22,7 @@ not give them; none is fitted per row):
 
 Cross-validation (`ValidateConfig.cross_validate`): each run is also predicted with its system calibrated on
 the *other* runs of that system in the dataset (leave-one-out: one factor on the efficiency curve,
-`calibrate_published.fit_factor`), the accuracy an HPC centre can expect after calibrating on its own runs, with
+`calibrate.published.fit_factor`), the accuracy an HPC centre can expect after calibrating on its own runs, with
 no run ever predicted by a fit that saw it. Runs alone on their system are not cross-validated.
 """
 
@@ -36,7 +36,6 @@ from statistics import median
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.calibrate.published import fit_factor, scaled
 from stepscope.perfmodel.model.evaluate import COMM_CAUSES, Prediction, evaluate
 from stepscope.perfmodel.runs import RunRecords, SystemLike, check_choice, system_of
 from stepscope.perfmodel.validate.datasets import DATASETS, PublishedRun, load_dataset, read_runs
@@ -144,9 +143,10 @@ def cross_validate(rows: list[ValidationRow], tolerance: float = 1e-3) -> list[V
         if not others:
             out.append(row)
             continue
-        base = system_of(row.run.system)
-        factor = fit_factor(others, base, tolerance)
-        step_s = evaluate(row.run.model, row.run.workload, row.run.plan, scaled(base, factor)).step_s
+        from stepscope.perfmodel.calibrate.published import fit_factor, with_factor  # it reads runs through us
+
+        factor = fit_factor(others, with_factor, tolerance)
+        step_s = with_factor(row.run, factor)
         out.append(dataclasses.replace(row, held_out=(factor, step_s)))
     return out
 
