@@ -65,11 +65,14 @@ class Collective:
         """Whether it may hide behind its op's compute (`OVERLAP`), the plan overlapping or not, `g` of its ranks
         sharing a fast domain: a tensor-parallel one only when its whole group does, since the GEMM-fused
         exchanges (Transformer Engine's userbuffers, PyTorch's symmetric-memory async TP) read and write the peers'
-        memory through CUDA peer-to-peer access, which GPUs of different nodes do not share."""
+        memory through CUDA peer-to-peer access, which GPUs of different nodes do not share, and only a sequence-
+        parallel all-gather or reduce-scatter (`tensor_overlap.py`)."""
         if self.overlap != "plan":
             return self.overlap == "always"
         if self.group != "tp":
             return overlap
+        if self.kind == "all-reduce":  # the GEMM-fused exchanges split all-gathers and reduce-scatters only
+            return False
         return np.logical_and(overlap, np.asarray(g) >= np.asarray(self.size))
 
     def exposed(self, g: Number, network: Network, compute_s: Number, overlap: Any) -> Number:

@@ -49,6 +49,13 @@ def overlapped_tp(comm: Collective, cost: Cost, compute_s: Any, direction: str, 
     collective = comm.seconds(g, network)
     if comm.kind == "all-reduce" or not cost.gemms:
         return collective
+    return np.where(comm.runs, _decomposed(comm, cost, compute_s, direction, collective, accelerator, precision,
+                                           act_bytes, implementation), 0.0)
+
+
+def _decomposed(comm: Collective, cost: Cost, compute_s: Any, direction: str, collective: Any,
+                accelerator: Accelerator, precision: str, act_bytes: int, implementation: str) -> Any:
+    """`overlapped_tp` of a collective that runs: the pair's time beyond the plain GEMM."""
     tp = np.maximum(comm.size, 1)
     sms = accelerator.sm_count or 132
     if comm.kind == "all-gather":
