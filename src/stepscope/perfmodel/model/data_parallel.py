@@ -183,7 +183,7 @@ def exposed(policy: str, T: DataParallelTerms, w: Windows, *, zero: Any, pp: Any
             zero3_s = (forwards * np.maximum(weights_s - w.forward, first_s)
                        + backwards * np.maximum(weights_s - w.backward, first_s))
         else:  # ZeRO-3 under the other stacks, and FSDP's ZeRO-2: FSDP units, block by block
-            gather_fwd, gather_bwd, block_reduce = _blocks(T, w, share)
+            gather_fwd, gather_bwd, block_reduce = _blocks(T, w, share, np.asarray(backwards) > 0)
             zero3_s = forwards * gather_fwd + backwards * gather_bwd
             units = (zero == 3) | ((zero == 2) & (policy == "fsdp"))
             reduce_s = np.where(units, reductions * block_reduce + replicas, reduce_s)
@@ -204,10 +204,12 @@ def _updated_gather(policy: str, total: Any, first: Any, w: Windows, interleave:
     return behind_forward
 
 
-def _blocks(T: DataParallelTerms, w: Windows, share: float) -> tuple[Any, Any, Any]:
+def _blocks(T: DataParallelTerms, w: Windows, share: float, gathers_in_backward: Any) -> tuple[Any, Any, Any]:
     """FSDP's per-block collectives: (gathers of a forward, of a backward, reduce-scatters of a backward). Each
     block's gather is issued while the previous block computes: the first shows, the others by what exceeds
-    one block's compute; the last reduce-scatter (with the root's embedding and head) shows after the backward."""
+    one block's compute; in the backward a block's gather (where the weights were resharded) and the previous
+    block's reduce-scatter share the same links, so the reduce-scatter hides only behind what the gather leaves of
+    the block's compute; the last reduce-scatter (with the root's embedding and head) shows after the backward."""
     blocks = np.maximum(w.blocks, 1)
     later = blocks - 1
 
@@ -215,9 +217,10 @@ def _blocks(T: DataParallelTerms, w: Windows, share: float) -> tuple[Any, Any, A
         return later * (np.maximum(0.0, collective - window) + share * np.minimum(collective, window))
 
     forward_block, backward_block = w.forward / blocks, w.backward / blocks
+    left = np.maximum(0.0, backward_block - np.where(gathers_in_backward, T.block_gather, 0.0))
     return (T.block_gather + behind(T.block_gather, forward_block),
             T.block_gather + behind(T.block_gather, backward_block),
-            T.root_reduce + behind(T.block_reduce, backward_block))
+            T.root_reduce + behind(T.block_reduce, left))
 
 
 def _megatron_reduce(total: Any, last: Any, chunk: Any, experts: Any, w: Windows, pp: Any, interleave: Any,
