@@ -40,6 +40,7 @@ from stepscope.perfmodel.model.evaluate import COMM_CAUSES, Prediction, evaluate
 from stepscope.perfmodel.runs import RunRecords, SystemLike, check_choice, system_of
 from stepscope.perfmodel.validate.datasets import DATASETS, PublishedRun, load_dataset, read_runs
 from stepscope.perfmodel.validate.sources import by_source
+from stepscope.perfmodel.validate.trends import trend_rows
 from stepscope.spec.system import SystemSpec
 
 __all__ = ["DATASETS", "PublishedRun", "ValidateConfig", "ValidateOutcome", "ValidationRow", "load_dataset",
@@ -151,6 +152,9 @@ def cross_validate(rows: list[ValidationRow], tolerance: float = 1e-3) -> list[V
     return out
 
 
+BY = ("run", "source", "trend")
+
+
 @dataclass(frozen=True)
 class ValidateConfig:
     """Which published runs to predict, on which system."""
@@ -160,7 +164,8 @@ class ValidateConfig:
     dataset: str = DATASETS[0]
     """One of `DATASETS`, `all`, or a CSV file in the `modern_runs` schema."""
     by: str = "run"
-    """`run`: a row per run; `source`: a row per publication (`sources.by_source`)."""
+    """`run`: a row per run; `source`: a row per publication (`sources.by_source`); `trend`: a row per trend set
+    whose runs were validated (`trends.trend_rows`)."""
     cross_validate: bool = False
     """Also predict each run with its system calibrated on the dataset's other runs of that system."""
 
@@ -181,6 +186,10 @@ class ValidateOutcome:
         """Errors by source, after one factor per source and with each source left out (`sources.by_source`)."""
         return by_source(self.rows)
 
+    def trends(self) -> list[dict[str, Any]]:
+        """Published against predicted ratios between runs (`trends.trend_rows`)."""
+        return trend_rows(self.rows)
+
     def summary(self) -> str:
         """One line: the median and the largest absolute error."""
         line = (f"median absolute error: {100 * median_abs_error(self.rows):.1f}% over {len(self.rows)} runs "
@@ -197,7 +206,7 @@ class ValidateOutcome:
 def run_validate(config: ValidateConfig = ValidateConfig(), out: str | os.PathLike | None = None) -> ValidateOutcome:
     """Predict every run of the dataset and append one `validate` record each to `<out>/validate.jsonl`
     (None: no records)."""
-    check_choice(config.by, ("run", "source"))
+    check_choice(config.by, BY)
     system = system_of(config.system) if config.system is not None else None
     runs = load_runs(config.dataset)  # a bad dataset is refused before the records folder exists
     records = RunRecords(out, "validate")
