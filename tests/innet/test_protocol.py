@@ -3,8 +3,15 @@
 import numpy as np
 import pytest
 
-from stepscope.innet import protocol as p
-from stepscope.innet.quantize import INT32_MAX, QuantizationError, block_exponents, dequantize, error_bound, quantize
+from stepscope.innet.wire import protocol as p
+from stepscope.innet.wire.quantize import (
+    INT32_MAX,
+    QuantizationError,
+    block_exponents,
+    dequantize,
+    error_bound,
+    quantize,
+)
 
 
 def test_header_is_32_bytes_and_round_trips():
@@ -77,7 +84,7 @@ def test_exponents_and_non_finite_values():
 
 
 def test_a_block_sent_with_an_exponent_agreed_without_this_rank_is_counted_as_clipped():
-    from stepscope.innet.worker_op import Op
+    from stepscope.innet.worker.op import Op
 
     values = np.full(8, 1000.0, dtype=np.float32)  # exponent 10
     op = Op(1, values, average=False, min_count=1, preemptive=False, values_per_packet=8, slots=4, world=2)

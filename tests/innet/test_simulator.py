@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from stepscope.errors import UsageError
-from stepscope.innet.faults import FaultConfig
-from stepscope.innet.sim_config import SimConfig
-from stepscope.innet.simulator import ideal_bounds, simulate
+from stepscope.innet.sim.config import SimConfig
+from stepscope.innet.sim.model import ideal_bounds, simulate
+from stepscope.innet.worker.faults import FaultConfig
 from tests.innet.conftest import job, run_ranks
 
 COUNTERS = ("ok", "to", "kr", "re", "dup", "old")

@@ -11,10 +11,10 @@ import pytest
 from stepscope import innet
 from stepscope.errors import UsageError
 from stepscope.innet import InnetError, InnetJob, JobConfig, log_line
-from stepscope.innet.faults import FaultConfig
-from stepscope.innet.quantize import QuantizationError
-from stepscope.innet.reference import check_result, reference_input
-from stepscope.innet.switch import Switch, SwitchConfig
+from stepscope.innet.runs.reference import check_result, reference_input
+from stepscope.innet.switch.server import Switch, SwitchConfig
+from stepscope.innet.wire.quantize import QuantizationError
+from stepscope.innet.worker.faults import FaultConfig
 from tests.innet.conftest import address, job, run_ranks
 
 FAULTY = FaultConfig(drop_up=0.05, drop_down=0.05, duplicate=0.05, reorder=0.05, seed=3)
@@ -174,7 +174,7 @@ def test_closing_a_job_fails_its_ops_in_flight_at_once(switch):
 
 
 def test_a_job_pausing_between_all_reduces_is_kept_alive(monkeypatch):
-    from stepscope.innet import worker_engine
+    from stepscope.innet.worker import engine as worker_engine
 
     monkeypatch.setattr(worker_engine, "KEEPALIVE_S", 0.1)
     with Switch(SwitchConfig(port=0, idle_s=0.5)) as short_memory:  # forgets a job silent for 0.5 s

@@ -21,7 +21,7 @@ from stepscope.cli.options import (
 from stepscope.cli.options import innet as innet_options
 from stepscope.distributed.collectives.points import CALL_MODES
 from stepscope.distributed.collectives.sizes import format_bytes
-from stepscope.innet.bench import BenchConfig
+from stepscope.innet.runs.bench import BenchConfig
 
 NAME = "bench"
 HELP = "innet all-reduce vs gloo: latency and algbw vs size"
@@ -58,7 +58,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.innet.bench import run_bench
+    from stepscope.innet.runs.bench import run_bench
 
     config = BenchConfig(world=innet_options.world(args),
                          sizes_bytes=tuple(unique(parse_list(args.sizes, innet_options.size_bytes, "--sizes"))),

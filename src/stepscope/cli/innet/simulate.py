@@ -1,5 +1,5 @@
 """`stepscope innet simulate`: the protocol modelled at line rate (no sockets); comma lists sweep.
-The work and the records: `stepscope.innet.sim_sweep.run_simulate`."""
+The work and the records: `stepscope.innet.sim.sweep.run_simulate`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from stepscope.cli.options import (
 )
 from stepscope.cli.options.innet import size_bytes
 from stepscope.distributed.collectives.sizes import format_bytes
-from stepscope.innet.sim_config import SimConfig
+from stepscope.innet.sim.config import SimConfig
 
 NAME = "simulate"
 HELP = "discrete-event model of the protocol at line rate"
@@ -70,7 +70,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
     """Every point of the command line (a SimConfig per combination of the swept values)."""
-    from stepscope.innet.sim_sweep import straggler_settings
+    from stepscope.innet.sim.sweep import straggler_settings
 
     fixed = dict(window=optional_value(args.window, positive_int, "--window"),
                  ops=one_value(args.ops, positive_int, "--ops"), preemptive=args.preemptive,
@@ -87,8 +87,8 @@ def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.innet.sim_sweep import run_simulate
-    from stepscope.innet.timeout_profile import profile_table, throughput_table
+    from stepscope.innet.runs.timeout_profile import profile_table, throughput_table
+    from stepscope.innet.sim.sweep import run_simulate
 
     configs = sim_configs(args)
     outcome = run_simulate(configs, args.out)

@@ -1,5 +1,5 @@
 """`stepscope innet switch`: the software switch as a standalone process, until Ctrl-C (or --duration-s).
-The work and the records: `stepscope.innet.switch_process.run_switch`."""
+The work and the records: `stepscope.innet.switch.process.run_switch`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from stepscope.cli.options import (
     positive_float,
     positive_int,
 )
-from stepscope.innet.switch import SwitchConfig
+from stepscope.innet.switch.server import SwitchConfig
 
 NAME = "switch"
 HELP = "run the software aggregation switch (until Ctrl-C)"
@@ -40,8 +40,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.innet import protocol
-    from stepscope.innet.switch_process import run_switch
+    from stepscope.innet.switch.process import run_switch
+    from stepscope.innet.wire import protocol
 
     config = SwitchConfig(host=args.host, port=one_value(args.port, int, "--port"),
                           max_jobs=one_value(args.max_jobs, positive_int, "--max-jobs"),

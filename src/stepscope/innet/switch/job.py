@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from stepscope.innet import protocol as p
+from stepscope.innet.wire import protocol as p
 
 Send = tuple[bytes, list[Any]]  # (datagram, receiver addresses)
 # A block open this long answers a retransmission with a STATUS (who is missing), so a waiting worker can

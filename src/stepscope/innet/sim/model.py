@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from stepscope.innet.protocol import HEADER_BYTES, TICK_S, sto_ticks_from_ms
-from stepscope.innet.sim_config import SimConfig
+from stepscope.innet.sim.config import SimConfig
+from stepscope.innet.wire.protocol import HEADER_BYTES, TICK_S, sto_ticks_from_ms
 
 # Per-packet bytes on an Ethernet wire besides our header and payload: preamble+SFD 8, inter-frame gap 12,
 # Ethernet header 14, FCS 4, IPv4 20, UDP 8.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepscope.innet.quantize import block_exponents, error_bound
+from stepscope.innet.wire.quantize import block_exponents, error_bound
 
 
 def reference_input(seed: int, rank: int, numel: int, dtype: str, op_index: int = 0) -> np.ndarray:

@@ -5,7 +5,7 @@
     pending = job.submit(tensor, op="sum", k=3)  # asynchronous (batch mode); pending.wait()
 
 or, module-level on one default job: `stepscope.innet.init(...)` then `stepscope.innet.all_reduce(t)`.
-A job's settings: `stepscope.innet.job_config.JobConfig`.
+A job's settings: `stepscope.innet.worker.config.JobConfig`.
 
 Each op logs one line in the format of the DPA system's logs, e.g.
     innet: new-task allreduce.3 [7087872 x f32] 0x7f12a4000000 > 0x7f12a4000000 4-pipe average quant.1 no-straggle
@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import UsageError
-from stepscope.innet import protocol as p
-from stepscope.innet.job_config import JobConfig, shared_job_id
-from stepscope.innet.worker_engine import RECV_BUFFER_BYTES, Engine, EngineSettings
-from stepscope.innet.worker_op import Op
-from stepscope.innet.worker_stream import InnetError
+from stepscope.innet.wire import protocol as p
+from stepscope.innet.worker.config import JobConfig, shared_job_id
+from stepscope.innet.worker.engine import RECV_BUFFER_BYTES, Engine, EngineSettings
+from stepscope.innet.worker.op import Op
+from stepscope.innet.worker.stream import InnetError
 
 logger = logging.getLogger("stepscope.innet")
 
@@ -150,7 +150,7 @@ class InnetJob:
                 code = int(values[0]) if len(values) else 0
                 reason = p.REJECT_REASONS.get(code, "rejected")
                 if code == 4:  # say how much: the switch's limit is its --max-job-mib
-                    from stepscope.innet.switch_job import SwitchJob
+                    from stepscope.innet.switch.job import SwitchJob
 
                     need = -(-SwitchJob.memory_bytes(self.config.world, self.config.join_params()) // 2**20)
                     reason += f" (this job needs {need:,} MiB: start the switch with --max-job-mib {need} or more)"

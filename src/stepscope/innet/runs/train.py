@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import UsageError
-from stepscope.innet import protocol as p
-from stepscope.innet.faults import StragglerSpec
-from stepscope.innet.job_config import JobConfig, shared_job_id
-from stepscope.innet.runner import RunOutcome, run_ranks, start_run
-from stepscope.innet.switch import SwitchConfig
-from stepscope.innet.switch_job import SwitchJob
-from stepscope.innet.worker import InnetJob
+from stepscope.innet.runs.runner import RunOutcome, run_ranks, start_run
+from stepscope.innet.switch.job import SwitchJob
+from stepscope.innet.switch.server import SwitchConfig
+from stepscope.innet.wire import protocol as p
+from stepscope.innet.worker.client import InnetJob
+from stepscope.innet.worker.config import JobConfig, shared_job_id
+from stepscope.innet.worker.faults import StragglerSpec
 from stepscope.results.store import RecordStore, make_record
 from stepscope.spec import ModelSpec, Workload, get_preset
 
@@ -106,7 +106,7 @@ def train_rank(ctx: Any, config: TrainConfig, out_dir: str | None = None,
     each scenario's record to `<out_dir>/innet-train.jsonl` as soon as it is done (Ctrl-C keeps those)."""
     import torch.distributed as dist
 
-    from stepscope.innet.ddp_hook import InnetHookState, innet_hook
+    from stepscope.innet.worker.ddp_hook import InnetHookState, innet_hook
     from stepscope.measure.environment import torch_environment
     from stepscope.measure.training import transformer_step
 

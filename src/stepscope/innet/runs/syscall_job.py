@@ -1,5 +1,6 @@
-"""The program `innet.syscall_tally` runs under strace: `python -m stepscope.innet.syscall_job PLAN.pkl OUT_DIR`
-runs the pickled BenchConfig (written by the parent a moment before) with its own switch, records in OUT_DIR."""
+"""The program `innet.runs.syscall_tally` runs under strace:
+`python -m stepscope.innet.runs.syscall_job PLAN.pkl OUT_DIR` runs the pickled BenchConfig (written by the
+parent a moment before) with its own switch, records in OUT_DIR."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from stepscope.innet.bench import run_bench
+    from stepscope.innet.runs.bench import run_bench
 
     plan_path, out_dir = argv
     with open(plan_path, "rb") as handle:

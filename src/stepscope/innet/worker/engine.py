@@ -16,11 +16,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from stepscope.innet import protocol as p
-from stepscope.innet.faults import FaultConfig, FaultInjector
-from stepscope.innet.rto import RetransmitTimeout
-from stepscope.innet.worker_op import Op
-from stepscope.innet.worker_stream import InnetError, Stream, WorkerCounters
+from stepscope.innet.wire import protocol as p
+from stepscope.innet.worker.faults import FaultConfig, FaultInjector
+from stepscope.innet.worker.op import Op
+from stepscope.innet.worker.rto import RetransmitTimeout
+from stepscope.innet.worker.stream import InnetError, Stream, WorkerCounters
 
 RECV_BUFFER_BYTES = 4 << 20
 KEEPALIVE_S = 1.0

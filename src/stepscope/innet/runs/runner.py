@@ -19,8 +19,8 @@ from typing import Any, Generic, Protocol, TypeVar
 from stepscope.distributed.launch.launcher import LaunchConfig, launch
 from stepscope.distributed.launch.ranks import external_launch_env
 from stepscope.errors import UsageError
-from stepscope.innet.job_config import JobConfig
-from stepscope.innet.switch_process import SwitchProcess, probe
+from stepscope.innet.switch.process import SwitchProcess, probe
+from stepscope.innet.worker.config import JobConfig
 from stepscope.results.store import RecordStore
 
 

@@ -31,8 +31,8 @@ from typing import Any
 
 from stepscope.distributed.launch.teardown import stop_processes
 from stepscope.errors import UsageError
-from stepscope.innet import protocol as p
-from stepscope.innet.switch import Switch, SwitchConfig
+from stepscope.innet.switch.server import Switch, SwitchConfig
+from stepscope.innet.wire import protocol as p
 from stepscope.results.environment import base_environment
 from stepscope.results.store import RecordStore, make_record
 

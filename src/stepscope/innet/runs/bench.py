@@ -22,10 +22,10 @@ import numpy as np
 from stepscope.distributed.collectives.points import CALL_MODES
 from stepscope.distributed.tracing.windows import window_marker
 from stepscope.errors import UsageError
-from stepscope.innet.job_config import JobConfig, shared_job_id
-from stepscope.innet.reference import CheckResult, check_result, reference_input
-from stepscope.innet.runner import RunOutcome, check_job, record_settings, run_ranks, start_run
-from stepscope.innet.worker import InnetJob
+from stepscope.innet.runs.reference import CheckResult, check_result, reference_input
+from stepscope.innet.runs.runner import RunOutcome, check_job, record_settings, run_ranks, start_run
+from stepscope.innet.worker.client import InnetJob
+from stepscope.innet.worker.config import JobConfig, shared_job_id
 from stepscope.results.store import RecordStore, make_record
 
 COUNTER_COLUMNS = ("ok", "to", "kr", "re", "dup", "old", "bad")
@@ -234,7 +234,7 @@ class BenchOutcome(RunOutcome[BenchConfig]):
     """`run_bench`'s outcome: the config as run and a row per cell."""
 
     syscalls: list[dict[str, Any]] = field(default_factory=list)
-    """`syscalls` records of the traced run (with `syscalls`; see `innet.syscall_tally`)."""
+    """`syscalls` records of the traced run (with `syscalls`; see `innet.runs.syscall_tally`)."""
 
     @property
     def wrong_elements(self) -> int:
@@ -250,7 +250,7 @@ def run_bench(config: BenchConfig, out: str | os.PathLike | None = None, *,
     other ranks under torchrun/Slurm."""
     strace = None
     if config.syscalls:  # no tracer here: one line before anything starts or is written
-        from stepscope.innet.syscall_tally import check_tracer
+        from stepscope.innet.runs.syscall_tally import check_tracer
 
         strace = check_tracer()
     config, store = start_run(config, out, switch, "innet-bench")
@@ -259,7 +259,7 @@ def run_bench(config: BenchConfig, out: str | os.PathLike | None = None, *,
         return None
     outcome = BenchOutcome(config, results[0], None if store is None else store.path)
     if strace is not None:
-        from stepscope.innet.syscall_tally import trace_bench
+        from stepscope.innet.runs.syscall_tally import trace_bench
 
         outcome.syscalls = trace_bench(config, outcome.rows, strace=strace)
         for record in outcome.syscalls if store is not None else []:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.innet.protocol import VALUES_PER_PIPE, sto_ticks_from_ms
+from stepscope.innet.wire.protocol import VALUES_PER_PIPE, sto_ticks_from_ms
 
 WORKLOADS = ("one", "waited", "batch")
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from stepscope.innet import protocol as p
-from stepscope.innet.quantize import block_exponents, dequantize, quantize
+from stepscope.innet.wire import protocol as p
+from stepscope.innet.wire.quantize import block_exponents, dequantize, quantize
 
 
 class Op:

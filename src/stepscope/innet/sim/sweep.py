@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepscope.innet.faults import StragglerSpec
-from stepscope.innet.sim_config import SimConfig
-from stepscope.innet.simulator import simulate
+from stepscope.innet.sim.config import SimConfig
+from stepscope.innet.sim.model import simulate
+from stepscope.innet.worker.faults import StragglerSpec
 from stepscope.results.environment import base_environment
 from stepscope.results.store import RecordStore
 from stepscope.results.sweep import Sweep

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepscope.innet.protocol import NO_EXPONENT
+from stepscope.innet.wire.protocol import NO_EXPONENT
 
 INT32_MAX = 2**31 - 1
 MIN_EXPONENT = -126  # float32's smallest normal exponent: smaller magnitudes quantize to (near) zero

@@ -14,8 +14,8 @@ import bisect
 from collections import deque
 from dataclasses import dataclass
 
-from stepscope.innet import protocol as p
-from stepscope.innet.worker_op import Op
+from stepscope.innet.wire import protocol as p
+from stepscope.innet.worker.op import Op
 
 
 class InnetError(RuntimeError):

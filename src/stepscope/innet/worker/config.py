@@ -1,5 +1,5 @@
 """One rank's settings of an in-network aggregation job (`JobConfig`: switch, packets, timers, faults) and
-the job id every rank of a run shares. No sockets here: the worker (`stepscope.innet.worker`) runs a job."""
+the job id every rank of a run shares. No sockets here: the worker (`stepscope.innet.worker.client`) runs a job."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.innet import protocol as p
-from stepscope.innet.faults import FaultConfig
+from stepscope.innet.wire import protocol as p
+from stepscope.innet.worker.faults import FaultConfig
 
 
 @dataclass(frozen=True)

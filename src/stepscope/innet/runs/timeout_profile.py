@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import UsageError
-from stepscope.innet.job_config import JobConfig, shared_job_id
-from stepscope.innet.protocol import sto_ticks_from_ms
-from stepscope.innet.reference import reference_input
-from stepscope.innet.runner import RunOutcome, check_job, record_settings, run_ranks, start_run
-from stepscope.innet.worker import InnetJob
+from stepscope.innet.runs.reference import reference_input
+from stepscope.innet.runs.runner import RunOutcome, check_job, record_settings, run_ranks, start_run
+from stepscope.innet.wire.protocol import sto_ticks_from_ms
+from stepscope.innet.worker.client import InnetJob
+from stepscope.innet.worker.config import JobConfig, shared_job_id
 from stepscope.results.store import RecordStore, make_record
 
 WORKLOADS = ("one", "waited", "batch")

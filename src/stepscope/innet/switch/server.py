@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.innet import protocol as p
-from stepscope.innet.switch_job import Send, SwitchJob
+from stepscope.innet.switch.job import Send, SwitchJob
+from stepscope.innet.wire import protocol as p
 
 RECV_BUFFER_BYTES = 4 << 20  # loopback bursts of a whole window must not overflow the socket
 

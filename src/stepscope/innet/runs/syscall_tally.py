@@ -22,7 +22,7 @@ from stepscope.distributed.tracing.windows import find_windows, tally_window, wi
 from stepscope.errors import UsageError
 from stepscope.results.store import RecordStore, make_record
 
-JOB_MODULE = "stepscope.innet.syscall_job"
+JOB_MODULE = "stepscope.innet.runs.syscall_job"
 TRACE_TIMEOUT_S = 1800.0
 """The traced benchmark's bound (its ranks have the launcher's own, much shorter, timeouts)."""
 

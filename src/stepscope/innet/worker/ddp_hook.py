@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from stepscope.innet.worker import InnetJob
-from stepscope.innet.worker_op import Op
+from stepscope.innet.worker.client import InnetJob
+from stepscope.innet.worker.op import Op
 
 
 @dataclass
