@@ -79,6 +79,12 @@ class BenchConfig:
             raise UsageError(f"-k must be 1..world ({self.world})")
         if self.batch < 1 or self.iters < 1 or self.warmup < 0:
             raise UsageError("--batch and --iters must be >= 1, --warmup >= 0")
+        if self.syscalls:
+            from stepscope.distributed.launch.ranks import external_launch_env
+
+            if external_launch_env() is not None:
+                raise UsageError("--tally syscalls traces the ranks stepscope starts itself; run it without "
+                                 "torchrun/srun")
         check_job(self.job, self.world)
 
     def to_dict(self) -> dict[str, Any]:
@@ -250,9 +256,9 @@ def run_bench(config: BenchConfig, out: str | os.PathLike | None = None, *,
     other ranks under torchrun/Slurm."""
     strace = None
     if config.syscalls:  # no tracer here: one line before anything starts or is written
-        from stepscope.innet.runs.syscall_tally import check_tracer
+        from stepscope.distributed.tracing.strace import find_strace
 
-        strace = check_tracer()
+        strace = find_strace()
     config, store = start_run(config, out, switch, "innet-bench")
     results = run_ranks(bench_rank, config, out, out=out, switch=switch, timeout_s=120)
     if results is None:
