@@ -1,59 +1,71 @@
-"""One job's aggregation state inside the switch: the slot pool, shadow versions, contributor bitmaps,
-straggler timers, the bounded result history and the job's counters.
+"""One job's aggregation state inside the switch, as arrays over its rows: the slot pool, shadow versions,
+contributor bitmaps, straggler timers, the bounded result history and the job's counters.
 
-Each of the s slots has two rows (versions 0 and 1). A row holds one block at a time: its key (op, phase,
-offset), who contributed (a bitmask of ranks), the running int32 sum, and, once complete, the result
-datagram (kept to answer retransmissions and late ranks until the row is reused). A block with key newer
-than the row's may take the row only when the row's block is complete: the self-clocked workers send
-the block that reuses a row only after the block two uses earlier completed, so anything else is a
-protocol violation (`bad`).
+Each of the s slots has two rows (versions 0 and 1); row = 2 x slot + version. A row holds one block at a time:
+its key (op, phase, offset), who contributed (a bitmap of ranks), the running int32 sum, and, once complete, the
+result datagram (kept to answer retransmissions and late ranks until the row is reused). The sum lives inside
+that datagram (`datagrams[row]` = 32-byte header + k int32 values), so completing a block writes its header and
+sends the row as it is. A block with a key newer than the row's may take the row only when the row's block is
+complete: the self-clocked workers send the block that reuses a row only after the block two uses earlier
+completed, so anything else is a protocol violation (`bad`).
 
 Completion: all `world` contributions (ok); K of them after the straggler timeout (to), counted from the
-block's first contribution; or K at once when the op asks for preemptive completion (kr).
+block's first contribution; or K at once when the op asks for preemptive completion (kr). How a batch of
+contributions is applied: `switch.aggregate`.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
+from stepscope.innet.switch.outbox import Outbox
 from stepscope.innet.wire import protocol as p
 
-Send = tuple[bytes, list[Any]]  # (datagram, receiver addresses)
 # A block open this long answers a retransmission with a STATUS (who is missing), so a waiting worker can
 # say which rank stalls; earlier retransmissions are common (skew) and get no answer, to save the switch.
 STATUS_AFTER_S = 0.1
+NONE = np.uint64(0)  # a member key no address has (address 0.0.0.0 port 0)
 
 
 class SwitchJob:
-    """Aggregation state of one job; all methods run on the switch's single packet thread."""
+    """Aggregation state of one job; all methods run on the switch's packet thread."""
 
     def __init__(self, job_id: int, world: int, params: p.JoinParams, now: float) -> None:
         self.job_id, self.world, self.params = job_id, world, params
+        self.slots, self.k = params.slots, params.values_per_packet
         self.sto_s = params.sto_ticks * p.TICK_S
         rows = 2 * params.slots
-        self.keys = [-1] * rows          # block key held by each row (-1: never used)
-        self.complete = [False] * rows
-        self.seen = [0] * rows           # bitmask of ranks that contributed
-        self.count = [0] * rows
-        self.min_count = [world] * rows  # fastest-K of the block's op
-        self.meta: list[tuple[int, int, int, int, int] | None] = [None] * rows  # op, offset, n, exponent, op_flags
-        self.next_exponent = [p.NO_EXPONENT] * rows
-        self.result: list[bytes | None] = [None] * rows
-        self.started = [0.0] * rows        # time of the block's first contribution
-        self.sums = np.zeros((rows, params.values_per_packet), dtype="<i4")
-        self.timers: dict[int, float] = {}   # row -> deadline; insertion order is deadline order (one STO)
-        self.expired: set[int] = set()       # rows whose timer fired before K contributions arrived
-        self.history: OrderedDict[int, bytes] = OrderedDict()
+        self.used = np.zeros(rows, bool)             # the row has held a block
+        self.keys = np.zeros(rows, np.uint64)        # block key held by each used row (`protocol.block_key`)
+        self.complete = np.zeros(rows, bool)
+        self.seen = np.zeros((rows, (world + 63) // 64), np.uint64)  # contributor bitmap, 64 ranks per word
+        self.count = np.zeros(rows, np.int64)
+        self.min_count = np.full(rows, world, np.int64)  # fastest-K of the block's op
+        self.n = np.zeros(rows, np.int64)            # values of the block
+        self.exponent = np.zeros(rows, np.int8)
+        self.op_flags = np.zeros(rows, np.uint8)
+        self.next_exponent = np.full(rows, p.NO_EXPONENT, np.int8)
+        self.started = np.zeros(rows)                # time of the block's first contribution
+        self.deadline = np.full(rows, np.inf)        # straggler timer (inf: none running)
+        self.timer_order = np.zeros(rows, np.int64)  # ties of equal deadlines fire in start order
+        self.expired = np.zeros(rows, bool)          # the timer fired before K contributions arrived
+        self.stride = p.HEADER_BYTES + 4 * self.k
+        self.datagrams = np.zeros((rows, self.stride), np.uint8)
+        self.headers = self.datagrams[:, :p.HEADER_BYTES].view(p.HEADER_DTYPE)[:, 0]
+        self.sums = self.datagrams.view("<i4")[:, p.HEADER_BYTES // 4:]  # (rows, k): int32, wrap-around
+        self.history = History(params.history, self.stride)
         self.members: list[Any] = [None] * world
+        self.member_keys = np.zeros(world, np.uint64)  # address key of each rank (`batch_io.address_key`)
+        self.member_dests = np.full(world, -1, np.int64)  # the switch's destination index of each rank
         self.counters = {name: 0 for name in p.COUNTERS}
         self.last_active = now
+        self.timers_started = 0
 
     @staticmethod
     def memory_bytes(world: int, params: p.JoinParams) -> int:
-        """Upper bound of the job's memory: the sums, the stored results, the history, the bitmaps."""
+        """Upper bound of the job's memory: the sums in their result datagrams, the history, the bitmaps."""
         packet = p.HEADER_BYTES + 4 * params.values_per_packet
         rows = 2 * params.slots
         return rows * (4 * params.values_per_packet + packet + 200) + params.history * (packet + 100) + world * 64
@@ -65,8 +77,10 @@ class SwitchJob:
         return counters["ok"] + counters["to"] + counters["kr"] > 0
 
     # ---- membership -------------------------------------------------------------------------------
-    def join(self, rank: int, address: Any, now: float) -> int:
+    def join(self, rank: int, address: Any, key: int, dest: int, now: float) -> int:
         self.members[rank] = address
+        self.member_keys[rank] = key
+        self.member_dests[rank] = dest
         self.last_active = now
         return sum(m is not None for m in self.members)
 
@@ -74,136 +88,114 @@ class SwitchJob:
         """Forget a rank (only from its own address); True when nobody is left."""
         if self.members[rank] == address:
             self.members[rank] = None
+            self.member_keys[rank] = NONE
+            self.member_dests[rank] = -1
         return all(m is None for m in self.members)
 
-    def receivers(self) -> list[Any]:
-        return [m for m in self.members if m is not None]
+    def receivers(self) -> np.ndarray:
+        """Destination indices of the ranks in the job, in rank order."""
+        return self.member_dests[self.member_dests >= 0]
 
-    # ---- contributions ----------------------------------------------------------------------------
-    def contribute(self, h: p.Header, data: bytes, address: Any, now: float) -> list[Send]:
-        """Add one DATA packet; returns what to send (result multicast, re-served result, status)."""
-        counters = self.counters
-        counters["rx"] += 1
-        self.last_active = now
-        prologue = bool(h.flags & p.PROLOGUE)
-        if (h.rank >= self.world or self.members[h.rank] != address or h.slot >= self.params.slots
-                or h.count > self.params.values_per_packet or (h.count == 0) != prologue
-                or h.contributors > self.world or h.offset > p.MAX_OFFSET):
-            counters["bad"] += 1
-            return []
-        if h.flags & p.RETRANSMIT:
-            counters["re"] += 1
-        key = p.block_key(h.op, prologue, h.offset)
-        row = 2 * h.slot + (h.flags & p.VERSION)
-        held = self.keys[row]
-        bit = 1 << h.rank
-        if key == held:
-            return self._add_to_held(row, h, data, bit, address, now)
-        if key > held:
-            if held != -1 and not self.complete[row]:
-                counters["bad"] += 1  # the row's previous block is still open: not a self-clocked sender
-                return []
-            return self._start_block(row, key, h, data, bit, now)
-        # an older block than the row holds: a late rank, served from the history if it is still there
-        counters["old"] += 1
-        stored = self.history.get(key)
-        if stored is None:
-            stored = p.pack(p.RESULT, self.job_id, h.op, h.offset, h.slot, p.SWITCH_RANK, self.world,
-                            (h.flags & (p.VERSION | p.PROLOGUE)) | p.OLD)
-        return self._unicast(p.with_flags(stored, p.SERVED), address)
-
-    def _add_to_held(self, row: int, h: p.Header, data: bytes, bit: int, address: Any, now: float) -> list[Send]:
-        counters = self.counters
-        if self.complete[row]:
-            counters["dup" if self.seen[row] & bit else "old"] += 1
-            return self._unicast(p.with_flags(self.result[row], p.SERVED), address)
-        if self.seen[row] & bit:
-            counters["dup"] += 1
-            if now - self.started[row] < STATUS_AFTER_S:
-                return []  # a retransmission while the block waits for others: nothing to answer yet
-            status = p.pack(p.STATUS, self.job_id, h.op, h.offset, h.slot, p.SWITCH_RANK, self.world,
-                            h.flags & (p.VERSION | p.PROLOGUE), contributors=self.count[row],
-                            values=p.bitmap_words(self.seen[row], self.world))
-            return self._unicast(status, address)
-        op, offset, n, exponent, op_flags = self.meta[row]
-        if h.count != n or h.exponent != exponent or h.op_flags != op_flags:
-            counters["bad"] += 1  # contributions to one block must agree on size, exponent and op
-            return []
-        if n:
-            self.sums[row, :n] += p.values_of(data, n)  # int32 wrap-around, as in the switch ALU
-        self.seen[row] |= bit
-        self.count[row] += 1
-        self.next_exponent[row] = max(self.next_exponent[row], h.next_exponent)
-        return self._maybe_complete(row)
-
-    def _start_block(self, row: int, key: int, h: p.Header, data: bytes, bit: int, now: float) -> list[Send]:
-        self.keys[row] = key
-        self.complete[row] = False
-        self.result[row] = None
-        self.seen[row] = bit
-        self.count[row] = 1
-        self.min_count[row] = h.contributors or self.world
-        self.meta[row] = (h.op, h.offset, h.count, h.exponent, h.op_flags)
-        self.next_exponent[row] = h.next_exponent
-        if h.count:
-            self.sums[row, :h.count] = p.values_of(data, h.count)
-        self.expired.discard(row)
-        self.started[row] = now
-        self.timers[row] = now + self.sto_s
-        return self._maybe_complete(row)
-
-    def _maybe_complete(self, row: int) -> list[Send]:
-        count = self.count[row]
-        if count >= self.world:
-            return self._complete(row, "ok", 0)
-        if count >= self.min_count[row]:
-            if self.meta[row][4] & p.PREEMPTIVE:
-                return self._complete(row, "kr", p.K_REACHED)
-            if row in self.expired:
-                return self._complete(row, "to", p.TIMEOUT)
-        return []
-
-    def _complete(self, row: int, reason: str, flag: int) -> list[Send]:
-        op, offset, n, exponent, op_flags = self.meta[row]
-        prologue = not (self.keys[row] >> 31) & 1
-        slot, version = divmod(row, 2)
-        result = p.pack(p.RESULT, self.job_id, op, offset, slot, p.SWITCH_RANK, self.world,
-                        version | (p.PROLOGUE if prologue else 0) | flag, contributors=self.count[row],
-                        exponent=exponent, next_exponent=self.next_exponent[row], op_flags=op_flags,
-                        values=self.sums[row, :n] if n else None)
-        self.complete[row] = True
-        self.result[row] = result
-        self.timers.pop(row, None)
-        self.expired.discard(row)
-        self.counters[reason] += 1
-        if self.params.history:
-            self.history[self.keys[row]] = result
-            if len(self.history) > self.params.history:
-                self.history.popitem(last=False)
+    # ---- completion -------------------------------------------------------------------------------
+    def complete_rows(self, rows: np.ndarray, flags: np.ndarray, order: np.ndarray, outbox: Outbox) -> None:
+        """Complete `rows` (in completion order; `flags`: 0, TIMEOUT or K_REACHED; `order`: the packet that
+        completed each): write their result headers, count them, keep them in the history, multicast them."""
+        if not len(rows):
+            return
+        keys = self.keys[rows]
+        prologue = ((keys >> np.uint64(31)) & np.uint64(1)) == 0
+        h = self.headers
+        h["magic"][rows], h["version"][rows], h["type"][rows] = p.MAGIC, p.PROTOCOL_VERSION, p.RESULT
+        h["job"][rows], h["op"][rows] = self.job_id, (keys >> np.uint64(32)).astype(np.uint32)
+        h["offset"][rows] = (keys & np.uint64(0x7FFFFFFF)).astype(np.uint32)
+        h["slot"][rows], h["rank"][rows], h["world"][rows] = rows // 2, p.SWITCH_RANK, self.world
+        h["flags"][rows] = (rows % 2) | np.where(prologue, p.PROLOGUE, 0) | flags
+        h["count"][rows], h["contributors"][rows] = self.n[rows], self.count[rows]
+        h["exponent"][rows], h["next_exponent"][rows] = self.exponent[rows], self.next_exponent[rows]
+        h["op_flags"][rows], h["reserved"][rows] = self.op_flags[rows], 0
+        self.complete[rows] = True
+        self.deadline[rows] = np.inf
+        self.expired[rows] = False
+        for name, flag in (("ok", 0), ("to", p.TIMEOUT), ("kr", p.K_REACHED)):
+            self.counters[name] += int(np.count_nonzero(flags == flag))
+        self.history.insert(keys, self.datagrams[rows])
         receivers = self.receivers()
-        self.counters["tx"] += len(receivers)
-        return [(result, receivers)]
+        copies = len(receivers)
+        self.counters["tx"] += copies * len(rows)
+        outbox.add(np.repeat(order, copies), self.datagrams, np.repeat(rows * self.stride, copies),
+                   np.repeat(p.HEADER_BYTES + 4 * self.n[rows], copies), np.tile(receivers, len(rows)))
 
-    def _unicast(self, packet: bytes, address: Any) -> list[Send]:
-        self.counters["tx"] += 1
-        return [(packet, [address])]
+    def serve(self, rows: np.ndarray, dests: np.ndarray, order: np.ndarray, outbox: Outbox) -> None:
+        """Send the completed results of `rows` again, one to each of `dests` (flagged SERVED)."""
+        if not len(rows):
+            return
+        copies = self.datagrams[rows]  # the SERVED flag goes on copies: the rows keep the multicast datagram
+        copies[:, 22:24].view("<u2")[:, 0] |= p.SERVED
+        self.counters["tx"] += len(rows)
+        outbox.add(order, copies.reshape(-1), np.arange(len(rows)) * self.stride,
+                   p.HEADER_BYTES + 4 * self.n[rows], dests)
 
     # ---- straggler timers -------------------------------------------------------------------------
-    def next_deadline(self) -> float | None:
-        for deadline in self.timers.values():
-            return deadline
-        return None
+    def start_timers(self, rows: np.ndarray, now: float) -> None:
+        self.started[rows] = now
+        self.deadline[rows] = now + self.sto_s
+        self.timer_order[rows] = self.timers_started + np.arange(len(rows))
+        self.timers_started += len(rows)
+        self.expired[rows] = False
 
-    def expire(self, now: float) -> list[Send]:
-        """Fire every timer due by `now`: complete the blocks that have K contributions, mark the rest."""
-        due = []
-        for row, deadline in self.timers.items():
-            if deadline > now:
-                break
-            due.append(row)
-        sends: list[Send] = []
-        for row in due:
-            del self.timers[row]
-            self.expired.add(row)
-            sends.extend(self._maybe_complete(row))
-        return sends
+    def next_deadline(self) -> float | None:
+        deadline = float(self.deadline.min())
+        return deadline if deadline != np.inf else None
+
+    def expire(self, now: float, outbox: Outbox | None = None) -> list[tuple[bytes, list[Any]]]:
+        """Fire every timer due by `now`, in deadline order: complete the blocks that have K contributions
+        (`to`), mark the rest. With no outbox, returns what to send as (datagram, addresses) (tests)."""
+        box = outbox if outbox is not None else Outbox()
+        due = np.flatnonzero(self.deadline <= now)
+        due = due[np.lexsort((self.timer_order[due], self.deadline[due]))]
+        self.deadline[due] = np.inf
+        self.expired[due] = True
+        done = due[self.count[due] >= self.min_count[due]]  # preemptive blocks completed at K already
+        self.complete_rows(done, np.full(len(done), p.TIMEOUT), np.arange(len(done)), box)
+        return [] if outbox is not None else self.addressed(box)
+
+    def addressed(self, outbox: Outbox) -> list[tuple[bytes, list[Any]]]:
+        """An outbox's datagrams with the member addresses its destinations stand for."""
+        names = {int(d): self.members[r] for r, d in enumerate(self.member_dests) if d >= 0}
+        return [(data, [names[d] for d in dests]) for data, dests in outbox.datagrams()]
+
+
+class History:
+    """The last `size` completed results of a job, for ranks that fall behind: a ring of datagrams, oldest out.
+    An entry's insertion number says whether it is still here after a given number of later insertions."""
+
+    def __init__(self, size: int, stride: int) -> None:
+        self.size = size
+        self.ring = np.zeros((size, stride), np.uint8)  # pages are only touched once used
+        self.ring_keys = np.zeros(size, np.uint64)
+        self.index: dict[int, int] = {}  # key -> insertion number
+        self.inserted = 0
+
+    def insert(self, keys: np.ndarray, datagrams: np.ndarray) -> None:
+        """Keep the results `datagrams` of `keys`, in completion order (the oldest beyond `size` go)."""
+        total = len(keys)
+        if not self.size or not total:
+            return
+        kept = min(total, self.size)  # of more than `size` at once, the earlier ones would go at once
+        numbers = self.inserted + total - kept + np.arange(kept)
+        positions = numbers % self.size
+        previous = numbers - self.size  # the entry each position held; present before this call if >= 0
+        for key, number in zip(self.ring_keys[positions].tolist(), previous.tolist(), strict=True):
+            if 0 <= number < self.inserted and self.index.get(key) == number:
+                del self.index[key]
+        self.ring[positions] = datagrams[total - kept:]
+        self.ring_keys[positions] = keys[total - kept:]
+        self.index.update(zip(keys[total - kept:].tolist(), numbers.tolist(), strict=True))
+        self.inserted += total
+
+    def lookup(self, key: int, later: int = 0) -> np.ndarray | None:
+        """The stored result of `key`, if it is still held after `later` more insertions; else None."""
+        number = self.index.get(key)
+        if number is None or number < self.inserted + later - self.size:
+            return None
+        return self.ring[number % self.size]

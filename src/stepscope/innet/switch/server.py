@@ -1,20 +1,16 @@
-"""The software switch: one UDP socket, one packet thread, a table of jobs (`SwitchJob`), and timers.
+"""The software switch: one UDP socket, one packet thread, a table of jobs (`table.JobTable`), and timers.
 
     switch = Switch(SwitchConfig(port=0)); switch.start()      # in-process thread (tests)
     Switch(SwitchConfig(port=9000)).serve_forever(stop_event)  # the `stepscope innet switch` process
 
-Robustness: every datagram is validated before it touches a job; malformed ones, packets for unknown jobs,
-from ranks outside a job or from another address than the rank joined with are dropped and counted.
-Memory is bounded: at most `max_jobs` jobs, each within `max_job_bytes`; idle jobs expire. The loop waits
-on the socket with a timeout (timers, shutdown), so a stop request ends it within `poll_s`.
+A batch at a time: one `recvmmsg` call (`wire.batch_io`) fills preallocated buffers with every queued datagram,
+their headers parse into one numpy array, and each job's DATA packets are applied together (`aggregate`); what
+they complete leaves in one `sendmmsg` call. Control packets (JOIN, LEAVE, STATS) are handled one by one, in
+their place: a batch is cut at each, so a DATA packet sent before its rank's JOIN is still refused.
 
-Admission when the table is full: stray or forged JOINs must not lock real jobs out for `idle_s`. A job is
-*unproven* until it completes its first block; a JOIN that needs a new job while the table is full evicts
-the unproven job silent longest, if it has been silent for `evict_after_s`, and is rejected otherwise.
-Live ranks are never that silent: they re-send JOIN every 10 ms until every rank joined, then send a
-keep-alive every second when they have nothing else to send. Jobs that completed a block are never
-evicted (only forgotten after `idle_s`). A sustained flood of more than `max_jobs / evict_after_s` new
-valid JOINs per second can still fill the table: that is an attack, for a firewall in front of the port.
+Robustness: every datagram is validated before it touches a job; malformed ones, packets for unknown jobs,
+from ranks outside a job or from another address than the rank joined with are dropped and counted. The loop
+waits on the socket with a timeout (timers, shutdown), so a stop request ends it within `poll_s`.
 """
 
 from __future__ import annotations
@@ -23,12 +19,17 @@ import select
 import socket
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from stepscope.errors import UsageError
-from stepscope.innet.switch.job import Send, SwitchJob
+from stepscope.innet.switch.aggregate import contribute
+from stepscope.innet.switch.job import SwitchJob
+from stepscope.innet.switch.outbox import Outbox
+from stepscope.innet.switch.table import JobTable
+from stepscope.innet.wire import batch_io
 from stepscope.innet.wire import protocol as p
 
 RECV_BUFFER_BYTES = 4 << 20  # loopback bursts of a whole window must not overflow the socket
@@ -54,6 +55,8 @@ class SwitchConfig:
     """Longest wait on the socket, so a stop request is seen promptly."""
     finished_jobs_kept: int = 256
     """Counters of finished jobs kept for the exit summary."""
+    offload: bool = True
+    """Use UDP segmentation offload (GSO out, GRO in) where the kernel has it (`wire.batch_io`)."""
 
     def validate(self) -> None:
         if not 0 <= self.port < 65_536:
@@ -71,13 +74,25 @@ class Switch:
         self.sock.bind((config.host, config.port))
         self.sock.setblocking(False)
         self.address: tuple[str, int] = self.sock.getsockname()
-        self.jobs: dict[int, SwitchJob] = {}
-        self.finished: OrderedDict[int, dict[str, int]] = OrderedDict()
-        self.counters = {"rx": 0, "tx": 0, "bad": 0, "tx_dropped": 0, "internal_errors": 0, "jobs_created": 0,
-                         "jobs_finished": 0, "jobs_expired": 0, "joins_rejected": 0, "jobs_evicted": 0}
-        self.lock = threading.Lock()  # guards snapshots taken from other threads
+        self.receiver = batch_io.Receiver(self.sock, sources=True, gro=config.offload)
+        self.sender = batch_io.Sender(self.sock, gso=config.offload)
+        self.table = JobTable(config.max_jobs, config.max_job_bytes, config.idle_s, config.evict_after_s,
+                              config.finished_jobs_kept)
+        self._names: dict[int, Any] = {}  # destination index -> address (for `handle`'s answers)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def jobs(self) -> dict[int, SwitchJob]:
+        return self.table.jobs
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.table.counters
+
+    @property
+    def lock(self) -> threading.Lock:
+        return self.table.lock
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> Switch:
@@ -118,156 +133,163 @@ class Switch:
             if now >= next_timer_check:
                 # the timer scan runs at most once per tick: the switch's timer resolution
                 next_timer_check = now + p.TICK_S
+                outbox = Outbox()
                 for job in list(self.jobs.values()):
-                    if job.timers:
-                        self._send(job.expire(now))
+                    if job.next_deadline() is not None:
+                        job.expire(now, outbox)
+                self._send(outbox)
             if now >= next_idle_check:
                 next_idle_check = now + 1.0
-                self._expire_idle(now)
+                self.table.expire_idle(now)
 
     def _next_deadline(self) -> float | None:
         deadlines = [d for d in (job.next_deadline() for job in self.jobs.values()) if d is not None]
         return min(deadlines) if deadlines else None
 
     def _drain(self) -> None:
-        """Handle every queued datagram (bounded, so timers still run under a flood)."""
-        for _ in range(4096):
+        """Handle the queued datagrams a batch at a time (bounded, so timers still run under a flood)."""
+        for _ in range(64):
             try:
-                data, address = self.sock.recvfrom(65_535)
-            except (BlockingIOError, InterruptedError):
-                return
+                batch = self.receiver.receive()
             except OSError:
                 return  # e.g. an ICMP error queued on the socket; nothing to read
-            self.counters["rx"] += 1
-            try:
-                sends = self.handle(data, address, time.monotonic())
-            except Exception:  # noqa: BLE001 - one bad datagram must never stop the switch
-                self.counters["internal_errors"] += 1
-                self.counters["bad"] += 1
-                continue
-            self._send(sends)
+            if not len(batch):
+                return
+            outbox = Outbox()
+            self.process(batch, time.monotonic(), outbox)
+            self._send(outbox)
 
-    def _send(self, sends: list[Send]) -> None:
-        for packet, receivers in sends:
-            for address in receivers:
-                try:
-                    self.sock.sendto(packet, address)
-                    self.counters["tx"] += 1
-                except OSError:
-                    # a full socket buffer or an unreachable worker: a switch drops, the sender retransmits
-                    self.counters["tx_dropped"] += 1
+    def _send(self, outbox: Outbox) -> None:
+        if not len(outbox):
+            return
+        dropped = self.sender.dropped
+        outbox.send(self.sender)
+        # a full socket buffer or an unreachable worker: a switch drops, the sender retransmits
+        self.counters["tx"] += self.sender.flush()
+        self.counters["tx_dropped"] += self.sender.dropped - dropped
 
     # ---- packets ---------------------------------------------------------------------------------------
-    def handle(self, data: bytes, address: Any, now: float) -> list[Send]:
-        """Process one datagram; returns the datagrams to send."""
+    def process(self, batch: batch_io.Datagrams, now: float, outbox: Outbox) -> None:
+        """Apply one batch of datagrams; what to send goes to `outbox`, in the order a packet-at-a-time switch
+        would send it."""
+        counters = self.counters
+        counters["rx"] += len(batch)
+        headers, valid = p.parse_headers(batch.buffer, batch.offsets, batch.lengths)
+        counters["bad"] += int(np.count_nonzero(~valid))
+        control = np.flatnonzero(valid & (headers["type"] != p.DATA))
+        start = 0
+        for cut in [*control.tolist(), len(batch)]:
+            data = start + np.flatnonzero(valid[start:cut] & (headers["type"][start:cut] == p.DATA))
+            self._data(headers[data], data, batch, now, outbox)
+            if cut < len(batch):
+                self._guarded(self._control, headers[cut], cut, batch, now, outbox)
+            start = cut + 1
+
+    def _guarded(self, handle: Any, *args: Any) -> None:
         try:
-            h = p.unpack(data)
-        except p.ProtocolError:
+            handle(*args)
+        except Exception:  # noqa: BLE001 - one bad datagram must never stop the switch
+            self.counters["internal_errors"] += 1
             self.counters["bad"] += 1
-            return []
+
+    def _data(self, headers: np.ndarray, index: np.ndarray, batch: batch_io.Datagrams, now: float,
+              outbox: Outbox) -> None:
+        """DATA packets (`index` in the batch), each job's together."""
+        if not len(index):
+            return
+        for job_id in np.unique(headers["job"]).tolist():
+            mine = headers["job"] == job_id
+            h, where = headers[mine], index[mine]
+            job = self.jobs.get(job_id)
+            if job is None:
+                self.counters["bad"] += len(h)  # an unknown job
+                continue
+            member = (h["world"] == job.world) & (h["rank"] < job.world)
+            strangers = int(np.count_nonzero(~member))
+            self.counters["bad"] += strangers  # a rank that is not part of the job
+            job.counters["bad"] += strangers
+            with self.lock:
+                bad = job.counters["bad"]
+                try:
+                    contribute(job, h[member], where[member], batch.buffer, batch.offsets[where[member]],
+                               batch.sources[where[member]], now, outbox)
+                except Exception:  # noqa: BLE001 - a bug on one batch must never stop the switch
+                    self.counters["internal_errors"] += 1
+                    job.counters["bad"] += int(np.count_nonzero(member))
+                self.counters["bad"] += job.counters["bad"] - bad
+
+    def _control(self, header: np.ndarray, index: int, batch: batch_io.Datagrams, now: float, outbox: Outbox) -> None:
+        """JOIN, LEAVE, STATS (and packets a worker never sends), one at a time."""
+        data = batch.datagram(index)
+        key = int(batch.sources[index])
+        address = batch_io.key_address(key)
+        dest = self._destination(key, address)
+        h = p.unpack(data)
         if h.type == p.JOIN:
-            return self._join(h, data, address, now)
+            outbox.add_bytes(index, self.table.join(h, data, address, key, dest, now), [dest])
+            return
         if h.type == p.STATS and h.job == 0:
-            totals = {**self.counters, "jobs": len(self.jobs)}
             reply = p.pack(p.STATS_REPLY, 0, 0, 0, 0, p.SWITCH_RANK, 0, 0,
-                           values=p.stats_payload(totals, p.SWITCH_COUNTERS))
-            return [(reply, [address])]
+                           values=p.stats_payload(self.table.totals(), p.SWITCH_COUNTERS))
+            outbox.add_bytes(index, reply, [dest])
+            return
         job = self.jobs.get(h.job)
         if job is None or h.world != job.world or h.rank >= job.world:
             self.counters["bad"] += 1  # unknown job, or a rank that is not part of it
             if job is not None:
                 job.counters["bad"] += 1
-            return []
-        if h.type == p.DATA:
-            with self.lock:
-                bad = job.counters["bad"]
-                sends = job.contribute(h, data, address, now)
-                self.counters["bad"] += job.counters["bad"] - bad
-                return sends
+            return
         if h.type == p.LEAVE and job.members[h.rank] is None:
-            return []  # a repeated LEAVE
+            return  # a repeated LEAVE
         if job.members[h.rank] != address:
             job.counters["bad"] += 1
             self.counters["bad"] += 1
-            return []
+            return
         if h.type == p.LEAVE:
-            with self.lock:
-                if job.leave(h.rank, address):
-                    self._finish(h.job, "jobs_finished")
-            return []
+            self.table.leave(job, h.rank, address)
+            return
         if h.type == p.STATS:  # also the workers' keep-alive: a job between all-reduces is not idle
             job.last_active = now
             reply = p.pack(p.STATS_REPLY, h.job, h.op, 0, 0, p.SWITCH_RANK, job.world, 0,
                            values=p.stats_payload(job.counters))
-            return [(reply, [address])]
+            outbox.add_bytes(index, reply, [dest])
+            return
         self.counters["bad"] += 1  # a worker never sends RESULT, JOINED, STATUS or STATS_REPLY
-        return []
 
-    def _join(self, h: p.Header, data: bytes, address: Any, now: float) -> list[Send]:
-        def reject(reason: int) -> list[Send]:
-            self.counters["joins_rejected"] += 1
-            reply = p.pack(p.JOINED, h.job, 0, 0, 0, p.SWITCH_RANK, h.world, p.BAD, values=[reason])
-            return [(reply, [address])]
+    def _destination(self, key: int, address: Any) -> int:
+        dest = self.sender.address(key)
+        self._names[dest] = address
+        return dest
 
-        try:
-            params = p.JoinParams.from_values(p.values_of(data, h.count))
-        except p.ProtocolError:
-            return reject(1)
-        if params.problem() or not 1 <= h.world <= p.MAX_WORLD or h.job == 0:  # job 0: the switch's own stats
-            return reject(1)
-        if h.rank >= h.world:
-            return reject(5)
-        job = self.jobs.get(h.job)
-        with self.lock:
-            if job is None:
-                if SwitchJob.memory_bytes(h.world, params) > self.config.max_job_bytes:
-                    return reject(4)
-                if len(self.jobs) >= self.config.max_jobs and not self._evict_for_new_job(now):
-                    return reject(3)
-                job = self.jobs[h.job] = SwitchJob(h.job, h.world, params, now)
-                self.counters["jobs_created"] += 1
-            elif job.world != h.world or job.params != params:
-                return reject(2)
-            elif job.members[h.rank] not in (None, address):
-                return reject(6)  # nobody takes over a rank that is still in the job
-            joined = job.join(h.rank, address, now)
-            if h.flags & p.SYNC:
-                job.counters["sy"] += 1
-        reply = p.pack(p.JOINED, h.job, 0, 0, 0, p.SWITCH_RANK, job.world, 0,
-                       values=list(params.to_values()) + [joined])
-        return [(reply, [address])]
+    def handle(self, data: bytes, address: Any, now: float) -> list[tuple[bytes, list[Any]]]:
+        """Process one datagram from `address` without sending: what the switch would send, as (datagram,
+        addresses) (tests drive the state machine packet by packet with chosen times)."""
+        return self.handle_batch([(data, address)], now)
 
-    def _finish(self, job_id: int, reason: str) -> None:
-        job = self.jobs.pop(job_id)
-        self.counters[reason] += 1
-        self.finished[job_id] = dict(job.counters)
-        while len(self.finished) > self.config.finished_jobs_kept:
-            self.finished.popitem(last=False)
-
-    def _evict_for_new_job(self, now: float) -> bool:
-        """Make room in a full table: forget the unproven job silent longest, if silent `evict_after_s`."""
-        silent = [(job.last_active, job_id) for job_id, job in self.jobs.items()
-                  if not job.proven and now - job.last_active >= self.config.evict_after_s]
-        if not silent:
-            return False
-        self._finish(min(silent)[1], "jobs_evicted")
-        return True
-
-    def _expire_idle(self, now: float) -> None:
-        for job_id, job in list(self.jobs.items()):
-            if now - job.last_active > self.config.idle_s:
-                with self.lock:
-                    self._finish(job_id, "jobs_expired")
+    def handle_batch(self, packets: list[tuple[bytes, Any]], now: float, gap: int = 0) -> list[tuple[bytes, list[Any]]]:
+        """Process (datagram, address) pairs as one received batch (`gap` bytes between datagrams in the
+        buffer), without sending: what the switch would send, as (datagram, addresses)."""
+        offsets, end = [], 0
+        for data, _ in packets:
+            offsets.append(end)
+            end += len(data) + gap
+        buffer = np.zeros(end + batch_io.PAD, np.uint8)
+        for (data, _), offset in zip(packets, offsets, strict=True):
+            buffer[offset:offset + len(data)] = np.frombuffer(data, np.uint8)
+        keys = [batch_io.address_key(*address) for _, address in packets]
+        for key, (_, address) in zip(keys, packets, strict=True):
+            self._destination(key, address)
+        batch = batch_io.Datagrams(buffer, np.array(offsets, np.int64), np.array([len(d) for d, _ in packets]),
+                                   np.array(keys, np.uint64))
+        outbox = Outbox()
+        self.process(batch, now, outbox)
+        return [(datagram, [self._names[d] for d in dests]) for datagram, dests in outbox.datagrams()]
 
     # ---- reporting -------------------------------------------------------------------------------------
     def job_counters(self) -> dict[int, dict[str, int]]:
         """Counters of every job, live and finished (a copy)."""
-        with self.lock:
-            out = {job_id: dict(counters) for job_id, counters in self.finished.items()}
-            out.update({job_id: dict(job.counters) for job_id, job in self.jobs.items()})
-        return out
+        return self.table.job_counters()
 
     def memory_bytes(self) -> int:
         """Upper bound of the memory the live jobs hold (safe to call from another thread)."""
-        with self.lock:
-            return sum(SwitchJob.memory_bytes(job.world, job.params) for job in self.jobs.values())
+        return self.table.memory_bytes()

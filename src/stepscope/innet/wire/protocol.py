@@ -240,3 +240,24 @@ def bitmap_words(mask: int, world: int) -> np.ndarray:
 def ranks_in_bitmap(values: np.ndarray, world: int) -> list[int]:
     words = values.view(np.uint32)
     return [r for r in range(world) if r // 32 < len(words) and (int(words[r // 32]) >> (r % 32)) & 1]
+
+
+# ---- whole batches ----------------------------------------------------------------------------------
+HEADER_DTYPE = np.dtype([("magic", "S2"), ("version", "u1"), ("type", "u1"), ("job", "<u4"), ("op", "<u4"),
+                         ("offset", "<u4"), ("slot", "<u2"), ("rank", "<u2"), ("world", "<u2"), ("flags", "<u2"),
+                         ("count", "<u2"), ("contributors", "<u2"), ("exponent", "i1"), ("next_exponent", "i1"),
+                         ("op_flags", "u1"), ("reserved", "u1")])
+"""The header as a numpy record: a batch's headers parse into one structured array (the fields of `HEADER`)."""
+assert HEADER_DTYPE.itemsize == HEADER_BYTES
+
+
+def parse_headers(buffer: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The headers of the datagrams at `offsets` (lengths `lengths`) of `buffer` (uint8, readable for 32 bytes
+    past every offset) as a HEADER_DTYPE array, and which of them are valid version-1 packets (`unpack`'s checks:
+    magic, version, reserved byte, known type, length = header + 4 x count)."""
+    rows = np.lib.stride_tricks.sliding_window_view(buffer, HEADER_BYTES)[offsets]  # one gather, no per-packet object
+    headers = rows.view(HEADER_DTYPE)[:, 0]
+    valid = ((headers["magic"] == MAGIC) & (headers["version"] == PROTOCOL_VERSION) & (headers["reserved"] == 0)
+             & (headers["type"] >= DATA) & (headers["type"] <= STATS_REPLY)
+             & (lengths == HEADER_BYTES + 4 * headers["count"].astype(np.int64)))
+    return headers, valid
