@@ -53,7 +53,10 @@ class SwitchJob:
         self.expired = np.zeros(rows, bool)          # the timer fired before K contributions arrived
         self.stride = p.HEADER_BYTES + 4 * self.k
         self.datagrams = np.zeros((rows, self.stride), np.uint8)
-        self.headers = self.datagrams[:, :p.HEADER_BYTES].view(p.HEADER_DTYPE)[:, 0]
+        self.result_template = np.zeros((), p.HEADER_DTYPE)  # the header fields no block changes
+        for name, value in (("magic", p.MAGIC), ("version", p.PROTOCOL_VERSION), ("type", p.RESULT),
+                            ("job", job_id), ("rank", p.SWITCH_RANK), ("world", world)):
+            self.result_template[name] = value
         self.sums = self.datagrams.view("<i4")[:, p.HEADER_BYTES // 4:]  # (rows, k): int32, wrap-around
         self.history = History(params.history, self.stride)
         self.members: list[Any] = [None] * world
@@ -103,16 +106,16 @@ class SwitchJob:
         if not len(rows):
             return
         keys = self.keys[rows]
-        prologue = ((keys >> np.uint64(31)) & np.uint64(1)) == 0
-        h = self.headers
-        h["magic"][rows], h["version"][rows], h["type"][rows] = p.MAGIC, p.PROTOCOL_VERSION, p.RESULT
-        h["job"][rows], h["op"][rows] = self.job_id, (keys >> np.uint64(32)).astype(np.uint32)
-        h["offset"][rows] = (keys & np.uint64(0x7FFFFFFF)).astype(np.uint32)
-        h["slot"][rows], h["rank"][rows], h["world"][rows] = rows // 2, p.SWITCH_RANK, self.world
-        h["flags"][rows] = (rows % 2) | np.where(prologue, p.PROLOGUE, 0) | flags
-        h["count"][rows], h["contributors"][rows] = self.n[rows], self.count[rows]
-        h["exponent"][rows], h["next_exponent"][rows] = self.exponent[rows], self.next_exponent[rows]
-        h["op_flags"][rows], h["reserved"][rows] = self.op_flags[rows], 0
+        header = np.full(len(rows), self.result_template)
+        header["op"] = keys >> np.uint64(32)
+        header["offset"] = keys & np.uint64(0x7FFFFFFF)
+        header["slot"] = rows // 2
+        data = (keys >> np.uint64(31)) & np.uint64(1)
+        header["flags"] = (rows % 2) | np.where(data == 0, p.PROLOGUE, 0) | flags
+        header["count"], header["contributors"] = self.n[rows], self.count[rows]
+        header["exponent"], header["next_exponent"] = self.exponent[rows], self.next_exponent[rows]
+        header["op_flags"] = self.op_flags[rows]
+        self.datagrams[rows, :p.HEADER_BYTES] = header.view(np.uint8).reshape(-1, p.HEADER_BYTES)  # as bytes: fast
         self.complete[rows] = True
         self.deadline[rows] = np.inf
         self.expired[rows] = False
@@ -167,13 +170,14 @@ class SwitchJob:
 
 class History:
     """The last `size` completed results of a job, for ranks that fall behind: a ring of datagrams, oldest out.
-    An entry's insertion number says whether it is still here after a given number of later insertions."""
+    Each entry keeps its insertion number, which says whether it is still held after a given number of later
+    insertions; a lookup (only late packets ask) scans the ring's keys."""
 
     def __init__(self, size: int, stride: int) -> None:
         self.size = size
         self.ring = np.zeros((size, stride), np.uint8)  # pages are only touched once used
         self.ring_keys = np.zeros(size, np.uint64)
-        self.index: dict[int, int] = {}  # key -> insertion number
+        self.ring_numbers = np.full(size, -1, np.int64)
         self.inserted = 0
 
     def insert(self, keys: np.ndarray, datagrams: np.ndarray) -> None:
@@ -183,19 +187,17 @@ class History:
             return
         kept = min(total, self.size)  # of more than `size` at once, the earlier ones would go at once
         numbers = self.inserted + total - kept + np.arange(kept)
-        positions = numbers % self.size
-        previous = numbers - self.size  # the entry each position held; present before this call if >= 0
-        for key, number in zip(self.ring_keys[positions].tolist(), previous.tolist(), strict=True):
-            if 0 <= number < self.inserted and self.index.get(key) == number:
-                del self.index[key]
-        self.ring[positions] = datagrams[total - kept:]
-        self.ring_keys[positions] = keys[total - kept:]
-        self.index.update(zip(keys[total - kept:].tolist(), numbers.tolist(), strict=True))
+        first = int(numbers[0]) % self.size
+        where = slice(first, first + kept) if first + kept <= self.size else numbers % self.size
+        self.ring[where] = datagrams[total - kept:]
+        self.ring_keys[where] = keys[total - kept:]
+        self.ring_numbers[where] = numbers
         self.inserted += total
 
     def lookup(self, key: int, later: int = 0) -> np.ndarray | None:
         """The stored result of `key`, if it is still held after `later` more insertions; else None."""
-        number = self.index.get(key)
-        if number is None or number < self.inserted + later - self.size:
+        oldest = max(0, self.inserted + later - self.size)
+        held = np.flatnonzero((self.ring_keys == key) & (self.ring_numbers >= oldest))
+        if not len(held):
             return None
-        return self.ring[number % self.size]
+        return self.ring[held[np.argmax(self.ring_numbers[held])]]
