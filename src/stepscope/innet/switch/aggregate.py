@@ -43,27 +43,36 @@ def contribute(job: SwitchJob, h: np.ndarray, order: np.ndarray, buffer: np.ndar
     counters = job.counters
     counters["rx"] += len(h)
     job.last_active = now
-    pk: Packets = {name: h[name] for name in FIELDS}
-    pk["rank"] = pk["rank"].astype(np.int64)
-    pk["order"], pk["offsets"] = order, offsets
-    count = pk["count"]
-    prologue = (pk["flags"] & p.PROLOGUE) != 0
-    fits = ((job.member_keys[pk["rank"]] == sources) & (pk["slot"] < job.slots) & (count <= job.k)
-            & ((count == 0) == prologue) & (pk["contributors"] <= job.world) & (pk["offset"] <= p.MAX_OFFSET))
+    rank = h["rank"].astype(np.int64)
+    count, flags = h["count"], h["flags"]
+    fits = ((job.member_keys[rank] == sources) & (h["slot"] < job.slots) & (count <= job.k)
+            & ((count == 0) == ((flags & p.PROLOGUE) != 0)) & (h["contributors"] <= job.world)
+            & (h["offset"] <= p.MAX_OFFSET))
     if not fits.all():
         counters["bad"] += int(np.count_nonzero(~fits))
-        pk = _take(pk, fits)
-    counters["re"] += int(np.count_nonzero(pk["flags"] & p.RETRANSMIT))
-    pk["rows"] = 2 * pk["slot"].astype(np.int64) + (pk["flags"] & p.VERSION)
-    data = (pk["flags"] & p.PROLOGUE) == 0
-    pk["keys"] = ((pk["op"].astype(_U64) << _U64(32)) | (data.astype(_U64) << _U64(31))
-                  | pk["offset"].astype(_U64))  # `protocol.block_key`: op, prologue before data, offset
-    while len(pk["rows"]):  # usually once: the whole batch is one segment
-        by_row, end = one_key_per_row(pk["rows"], pk["keys"])
-        _segment(job, _take(pk, by_row[by_row < end]), buffer, now, outbox)
-        pk = _take(pk, slice(end, None))
-        if len(pk["rows"]):
+        keep = np.flatnonzero(fits)
+        h, order, offsets = p.take_headers(h, keep), order[keep], offsets[keep]
+    counters["re"] += int(np.count_nonzero(h["flags"] & p.RETRANSMIT))
+    rows = 2 * h["slot"].astype(np.int64) + (h["flags"] & p.VERSION)
+    data = (h["flags"] & p.PROLOGUE) == 0
+    keys = ((h["op"].astype(_U64) << _U64(32)) | (data.astype(_U64) << _U64(31))
+            | h["offset"].astype(_U64))  # `protocol.block_key`: op, prologue before data, offset
+    while len(rows):  # usually once: the whole batch is one segment
+        by_row, end = one_key_per_row(rows, keys)
+        piece = by_row[by_row < end] if end < len(rows) else by_row
+        _segment(job, _packets(p.take_headers(h, piece), rows[piece], keys[piece], order[piece], offsets[piece]),
+                 buffer, now, outbox)
+        h, rows, keys, order, offsets = h[end:], rows[end:], keys[end:], order[end:], offsets[end:]
+        if len(rows):
             outbox.freeze()  # the next piece may reuse rows whose results this one queued
+
+
+def _packets(h: np.ndarray, rows: np.ndarray, keys: np.ndarray, order: np.ndarray, offsets: np.ndarray) -> Packets:
+    """The columns a segment works with (views of the gathered headers, no copies)."""
+    pk: Packets = {name: h[name] for name in FIELDS}
+    pk["rank"] = pk["rank"].astype(np.int64)
+    pk.update(rows=rows, keys=keys, order=order, offsets=offsets)
+    return pk
 
 
 def _take(pk: Packets, index: np.ndarray | slice) -> Packets:
@@ -108,9 +117,11 @@ def _segment(job: SwitchJob, pk: Packets, buffer: np.ndarray, now: float, outbox
     position = np.arange(len(rows))
     who = group * job.world + rank
     candidates = np.flatnonzero(agrees & ~counted_before)
-    _, first_of_rank = np.unique(who[candidates], return_index=True)
+    by_who = candidates[np.argsort(who[candidates], kind="stable")]
+    first_of_rank = np.ones(len(by_who), bool)
+    first_of_rank[1:] = who[by_who][1:] != who[by_who][:-1]
     adds = np.zeros(len(rows), bool)
-    adds[candidates[first_of_rank]] = True  # a rank's first agreeing packet (arrival order within the row)
+    adds[by_who[first_of_rank]] = True  # a rank's first agreeing packet (arrival order within the row)
     added_at = _where_added(who, adds)
     total = np.cumsum(adds)
     before_group = (total - adds)[first][group]  # adds before this row's first packet
@@ -173,9 +184,17 @@ def _add(job: SwitchJob, pk: Packets, word: np.ndarray, bit: np.ndarray, adds: n
     """Count the adding packets and add their values into their rows' sums (fresh rows: replace)."""
     rows, offsets = pk["rows"], pk["offsets"]
     r = rows[adds]
-    np.bitwise_or.at(job.seen, (r, word[adds]), bit[adds])
-    np.add.at(job.count, r, 1)
-    np.maximum.at(job.next_exponent, r, pk["next_exponent"][adds])
+    if not len(r):
+        return
+    starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])  # rows are sorted: each row's adds are one run
+    target = r[starts]
+    job.count[target] += np.diff(np.append(starts, len(r)))
+    exponents = np.maximum.reduceat(pk["next_exponent"][adds], starts)
+    job.next_exponent[target] = np.maximum(job.next_exponent[target], exponents)
+    if job.seen.shape[1] == 1:  # up to 64 ranks: one word per row
+        job.seen[target, 0] |= np.bitwise_or.reduceat(bit[adds], starts)
+    else:
+        np.bitwise_or.at(job.seen, (r, word[adds]), bit[adds])
     n = job.n[rows]
     for size in np.unique(n[adds & (n > 0)]).tolist():
         pick = np.flatnonzero(adds & (n == size))  # row-sorted: each row's packets are one run

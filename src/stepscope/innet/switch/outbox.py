@@ -63,10 +63,12 @@ class Outbox:
         self.add(order, own, offsets, length, dest)
 
     def _merged(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        order = np.concatenate(self._order)
-        sort = np.argsort(order, kind="stable")
-        return (order[sort], np.concatenate(self._pointer)[sort], np.concatenate(self._length)[sort],
-                np.concatenate(self._dest)[sort])
+        parts = (self._order, self._pointer, self._length, self._dest)
+        order, pointer, length, dest = (part[0] if len(part) == 1 else np.concatenate(part) for part in parts)
+        if len(order) > 1 and (order[1:] < order[:-1]).any():
+            sort = np.argsort(order, kind="stable")
+            order, pointer, length, dest = order[sort], pointer[sort], length[sort], dest[sort]
+        return order, pointer, length, dest
 
     def send(self, sender: Any) -> None:
         """Queue everything on `sender` (a `batch_io.Sender`), in packet order, and forget it (the sender keeps

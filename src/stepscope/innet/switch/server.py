@@ -15,6 +15,7 @@ waits on the socket with a timeout (timers, shutdown), so a stop request ends it
 
 from __future__ import annotations
 
+import ctypes
 import select
 import socket
 import threading
@@ -63,10 +64,28 @@ class SwitchConfig:
             raise UsageError(f"--port must be 0..65535, got {self.port}")
 
 
+def keep_freed_memory() -> None:
+    """Have glibc keep freed blocks of up to 256 MiB in the heap instead of returning them to the kernel.
+
+    A batch's numpy temporaries are megabytes; by default glibc maps each afresh and unmaps it when freed, so every
+    batch pays page faults and the kernel's zeroing of new pages, which measured on the packet path cost more than
+    the arithmetic (docs/innet.md). A packet-processing process sets this once (a no-op off glibc)."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+    mallopt(m_mmap_threshold, 256 << 20)
+    mallopt(m_trim_threshold, 1 << 30)
+    mallopt(m_top_pad, 64 << 20)
+
+
 class Switch:
     """A software aggregation switch serving several jobs at once."""
 
     def __init__(self, config: SwitchConfig = SwitchConfig()) -> None:
+        keep_freed_memory()
         self.config = config
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER_BYTES)
@@ -197,25 +216,30 @@ class Switch:
         """DATA packets (`index` in the batch), each job's together."""
         if not len(index):
             return
-        for job_id in np.unique(headers["job"]).tolist():
-            mine = headers["job"] == job_id
-            h, where = headers[mine], index[mine]
+        jobs = headers["job"]
+        for job_id in [int(jobs[0])] if (jobs == jobs[0]).all() else np.unique(jobs).tolist():
+            if len(jobs) and jobs[0] == job_id and (jobs == job_id).all():
+                h, where = headers, index  # one job in the batch: nothing to pick out
+            else:
+                mine = np.flatnonzero(jobs == job_id)
+                h, where = p.take_headers(headers, mine), index[mine]
             job = self.jobs.get(job_id)
             if job is None:
                 self.counters["bad"] += len(h)  # an unknown job
                 continue
             member = (h["world"] == job.world) & (h["rank"] < job.world)
-            strangers = int(np.count_nonzero(~member))
-            self.counters["bad"] += strangers  # a rank that is not part of the job
-            job.counters["bad"] += strangers
+            if not member.all():
+                strangers = int(np.count_nonzero(~member))
+                self.counters["bad"] += strangers  # a rank that is not part of the job
+                job.counters["bad"] += strangers
+                h, where = p.take_headers(h, np.flatnonzero(member)), where[member]
             with self.lock:
                 bad = job.counters["bad"]
                 try:
-                    contribute(job, h[member], where[member], batch.buffer, batch.offsets[where[member]],
-                               batch.sources[where[member]], now, outbox)
+                    contribute(job, h, where, batch.buffer, batch.offsets[where], batch.sources[where], now, outbox)
                 except Exception:  # noqa: BLE001 - a bug on one batch must never stop the switch
                     self.counters["internal_errors"] += 1
-                    job.counters["bad"] += int(np.count_nonzero(member))
+                    job.counters["bad"] += len(h)
                 self.counters["bad"] += job.counters["bad"] - bad
 
     def _control(self, header: np.ndarray, index: int, batch: batch_io.Datagrams, now: float, outbox: Outbox) -> None:

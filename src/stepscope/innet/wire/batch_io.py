@@ -271,8 +271,8 @@ class Sender:
 
     def _send(self, count: int) -> int:
         ptr, length, dest = self._ptr[:count], self._len[:count], self._dest[:count]
-        if len(self._book) > 1:  # several peers: each one's datagrams together, in queue order
-            order = np.argsort(dest, kind="stable")
+        if len(self._book) > 1 and (dest[1:] != dest[:-1]).any():  # several peers: each one's datagrams together
+            order = np.argsort(dest.astype(np.int16) if len(self._book) < 2**15 else dest, kind="stable")  # radix
             ptr, length, dest = ptr[order], length[order], dest[order]
         starts, counts = self._trains(length, dest)
         iov = self._iov[:count]
