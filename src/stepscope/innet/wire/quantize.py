@@ -67,3 +67,25 @@ def error_bound(world: int, exponent: int, contributors: int, average: bool) -> 
     rounding of the result, which callers add as a relative 2**-23)."""
     bound = contributors * 0.5 / scale(world, exponent)
     return bound / contributors if average else bound
+
+
+# ---- whole batches of blocks (the same arithmetic, one numpy pass per step for all blocks) ----------
+def scales(world: int, exponents: np.ndarray) -> np.ndarray:
+    """`scale` of every block: INT32_MAX / (world * 2**e), computed exactly as the scalar version."""
+    return INT32_MAX / (world * np.ldexp(1.0, exponents.astype(np.int64)))
+
+
+def quantize_blocks(values: np.ndarray, exponents: np.ndarray, world: int) -> np.ndarray:
+    """`quantize` of each row of `values` (blocks x values) with its exponent: the same integers."""
+    if np.any(exponents == NO_EXPONENT):
+        raise QuantizationError("no agreed exponent for this block")
+    limit = INT32_MAX // world
+    scaled = np.multiply(values, scales(world, exponents)[:, None], dtype=np.float64)
+    np.rint(scaled, out=scaled)
+    np.clip(scaled, -limit, limit, out=scaled)
+    return scaled.astype("<i4")
+
+
+def dequantize_blocks(ints: np.ndarray, exponents: np.ndarray, world: int, divisors: np.ndarray) -> np.ndarray:
+    """`dequantize` of each row of `ints` with its exponent and divisor: the same floats."""
+    return (ints.astype(np.float64) / (scales(world, exponents) * divisors)[:, None]).astype(np.float32)

@@ -77,27 +77,31 @@ class InnetJob:
         """JOIN the switch (creating the job if this rank is first); with `wait_all`, also wait until
         every rank joined, so no result is multicast before everyone can receive it."""
         cfg = self.config
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER_BYTES)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, RECV_BUFFER_BYTES)
+        socks: list[socket.socket] = []
         try:
-            sock.connect(cfg.address())
-        except OSError as error:
-            sock.close()
-            raise InnetError(f"cannot reach the innet switch at {cfg.switch}: {error.strerror or error}") from None
-        sock.setblocking(False)
-        try:
-            self.members_joined = self._handshake(sock, wait_all)
+            for address in cfg.addresses():  # one socket per switch shard, each joins the job there
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                socks.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER_BYTES)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, RECV_BUFFER_BYTES)
+                try:
+                    sock.connect(address)
+                except OSError as error:
+                    raise InnetError(f"cannot reach the innet switch at {cfg.switch}: "
+                                     f"{error.strerror or error}") from None
+                sock.setblocking(False)
+                self.members_joined = self._handshake(sock, wait_all)
         except BaseException:
-            sock.close()
+            for sock in socks:
+                sock.close()
             raise
         settings = EngineSettings(
             job_id=cfg.job_id, rank=cfg.rank, world=cfg.world, values_per_packet=cfg.k, slots=cfg.slots,
             window=cfg.window or cfg.slots, rto_s=None if cfg.rto_ms is None else cfg.rto_ms * 1e-3,
             rto_min_s=cfg.rto_min_ms * 1e-3, rto_max_s=cfg.rto_max_ms * 1e-3,
             backoff=cfg.backoff, timeout_s=cfg.timeout_s, sender_threads=cfg.sender_threads,
-            stash_limit_bytes=cfg.stash_limit_bytes, faults=cfg.faults)
-        self.engine = Engine(sock, settings)
+            stash_limit_bytes=cfg.stash_limit_bytes, faults=cfg.faults, offload=cfg.offload)
+        self.engine = Engine(socks, settings)
         return self
 
     def _handshake(self, sock: socket.socket, wait_all: bool) -> int:
@@ -164,11 +168,12 @@ class InnetJob:
         engine, self.engine = self.engine, None
         engine.close()
         cfg = self.config
-        try:  # best effort: a lost LEAVE only delays the switch's idle cleanup of the job
-            engine.sock.send(p.pack(p.LEAVE, cfg.job_id, 0, 0, 0, cfg.rank, cfg.world, 0))
-        except OSError:
-            pass
-        engine.sock.close()
+        for sock in engine.socks:
+            try:  # best effort: a lost LEAVE only delays the switch's idle cleanup of the job
+                sock.send(p.pack(p.LEAVE, cfg.job_id, 0, 0, 0, cfg.rank, cfg.world, 0))
+            except OSError:
+                pass
+            sock.close()
 
     def __enter__(self) -> InnetJob:
         return self if self.engine is not None else self.join()

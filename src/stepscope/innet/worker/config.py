@@ -18,7 +18,7 @@ class JobConfig:
     """One rank's view of an in-network aggregation job."""
 
     switch: str = "127.0.0.1:9000"
-    """host:port of the switch."""
+    """host:port of the switch; a sharded switch: host:port,host:port,... (slot j goes to shard j mod shards)."""
     job_id: int = 1
     """Job (session) id, the same on every rank; jobs never mix at the switch."""
     rank: int = 0
@@ -59,6 +59,8 @@ class JobConfig:
     """Threads that quantize and send packets (0: the I/O thread does it)."""
     stash_limit_bytes: int = 256 << 20
     """Results of ops this rank has not started yet (it is late) kept at most."""
+    offload: bool = True
+    """UDP segmentation offload (GSO out, GRO in) where the kernel has it (`wire.batch_io`)."""
     faults: FaultConfig = field(default_factory=FaultConfig)
     """Injected network faults."""
 
@@ -71,10 +73,19 @@ class JobConfig:
         return self.sto_ticks if self.sto_ticks is not None else p.sto_ticks_from_ms(self.sto_ms)
 
     def address(self) -> tuple[str, int]:
-        host, sep, port = self.switch.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
-            raise UsageError(f"switch address must be host:port, got {self.switch!r}")
-        return host, int(port)
+        """The (first) switch address."""
+        return self.addresses()[0]
+
+    def addresses(self) -> list[tuple[str, int]]:
+        """The address of every switch shard."""
+        out = []
+        for part in self.switch.split(","):
+            host, sep, port = part.strip().rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
+                raise UsageError(f"switch address must be host:port (shards: host:port,host:port), got "
+                                 f"{self.switch!r}")
+            out.append((host, int(port)))
+        return out
 
     def validate(self) -> None:
         self.address()

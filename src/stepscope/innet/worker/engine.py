@@ -1,14 +1,19 @@
-"""The worker's protocol engine: one UDP socket and one I/O thread that send the stream's ready packets
-within a window, retransmit each on its own timer with exponential backoff, and hand results to the
-`Stream` (which decides what each slot sends next).
+"""The worker's protocol engine: the sockets to the switch (one per switch shard; slot j talks to shard j mod
+shards) and one I/O thread that sends the stream's ready packets within a window, retransmits each on its own
+timer with exponential backoff, and hands results to the `Stream` (which decides what each slot sends next).
 
-Never a hang: the socket is connected to the switch (a refused port raises at once), every wait has a
-timeout, and an op that makes no progress for `timeout_s` fails with a diagnosis instead of waiting.
+A batch at a time (`wire.batch_io`): every ready packet is built straight into its slot's row of the send window
+and all go out in one `sendmmsg` (equal-size runs as one GSO message); every queued result is read by one
+`recvmmsg` into a preallocated buffer, parsed as one header array and applied per op. With `sender_threads`,
+threads build (quantize) and send the packets while the I/O thread receives: numpy and the system calls release
+the interpreter lock, so they overlap on several cores.
+
+Never a hang: each socket is connected to its shard (a refused port raises at once), every wait has a timeout,
+and an op that makes no progress for `timeout_s` fails with a diagnosis instead of waiting.
 """
 
 from __future__ import annotations
 
-import heapq
 import queue
 import select
 import socket
@@ -16,11 +21,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from stepscope.innet.wire import batch_io
 from stepscope.innet.wire import protocol as p
 from stepscope.innet.worker.faults import FaultConfig, FaultInjector
 from stepscope.innet.worker.op import Op
 from stepscope.innet.worker.rto import RetransmitTimeout
 from stepscope.innet.worker.stream import InnetError, Stream, WorkerCounters
+from stepscope.innet.worker.window import SendWindow
 
 RECV_BUFFER_BYTES = 4 << 20
 KEEPALIVE_S = 1.0
@@ -48,34 +57,30 @@ class EngineSettings:
     sender_threads: int
     stash_limit_bytes: int
     faults: FaultConfig = field(default_factory=FaultConfig)
-
-
-@dataclass
-class _Outstanding:
-    op: Op
-    q: int
-    packet: bytes | None  # None until a sender thread built it
-    sent_at: float
-    sends: int = 1
+    offload: bool = True
+    """UDP segmentation offload (GSO out, GRO in) where the kernel has it."""
 
 
 class Engine:
-    """Owns the socket after JOIN; `submit` hands ops to the I/O thread."""
+    """Owns the sockets after JOIN; `submit` hands ops to the I/O thread."""
 
-    def __init__(self, sock: socket.socket, settings: EngineSettings) -> None:
-        self.sock, self.cfg = sock, settings
+    def __init__(self, socks: list[socket.socket], settings: EngineSettings) -> None:
+        self.socks, self.cfg = socks, settings
         self.s = settings.slots
         self.counters = WorkerCounters()
         self.rto = RetransmitTimeout(settings.rto_s, settings.rto_min_s, settings.rto_max_s, settings.backoff)
-        self.faults = FaultInjector(settings.faults, settings.rank, self._raw_send, self._on_datagram)
-        self.faulty = settings.faults.network  # without injected faults the socket is used directly
+        self.window = SendWindow(settings.slots, settings.values_per_packet, self.rto)
+        self.receivers = [batch_io.Receiver(sock, gro=settings.offload) for sock in socks]
+        self.senders = [batch_io.Sender(sock, gso=settings.offload) for sock in socks]
+        self.faulty = settings.faults.network  # without injected faults the sockets are used directly
+        self._up: list[bytes] = []  # what the fault injector lets through, per direction
+        self._down: list[bytes] = []
+        self.faults = FaultInjector(settings.faults, settings.rank, self._up.append, self._down.append)
         self._fault_lock = threading.Lock()
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self.stream = Stream(settings.slots, settings.rank, settings.stash_limit_bytes, self.counters)
-        self.outstanding: dict[int, _Outstanding] = {}
-        self.timers: list[tuple[float, int, int]] = []  # (deadline, stream index, sends)
         self.stats_reply: tuple[int, dict[str, int]] | None = None  # (request number, counters)
         self.stats_event = threading.Event()
         self._stats_request = 0  # id of the newest counters request (the op field; keep-alives send 0)
@@ -83,14 +88,18 @@ class Engine:
         self.last_heard = self.last_progress = self.last_sent = time.monotonic()
         self.fatal: InnetError | None = None
         self._closing = False
-        self._senders: list[threading.Thread] = []
         self._send_queue: queue.SimpleQueue = queue.SimpleQueue()
-        for i in range(settings.sender_threads):
-            thread = threading.Thread(target=self._sender_loop, name=f"innet-send{i}", daemon=True)
+        self._senders = [threading.Thread(target=self._sender_loop, name=f"innet-send{i}", daemon=True)
+                         for i in range(settings.sender_threads)]
+        for thread in self._senders:
             thread.start()
-            self._senders.append(thread)
         self.thread = threading.Thread(target=self._run, name=f"innet-io-r{settings.rank}", daemon=True)
         self.thread.start()
+
+    @property
+    def sock(self) -> socket.socket:
+        """The socket to the first shard (control messages: counters, keep-alives, LEAVE)."""
+        return self.socks[0]
 
     # ---- caller side ------------------------------------------------------------------------------
     def submit(self, op: Op) -> None:
@@ -102,12 +111,20 @@ class Engine:
             op.finish(InnetError(str(self.fatal)))
 
     def request_stats(self, timeout_s: float = 2.0) -> dict[str, int]:
+        """The job's counters at the switch (summed over its shards)."""
+        total: dict[str, int] = {}
+        for link in range(len(self.socks)):
+            for name, value in self._stats_of(link, timeout_s).items():
+                total[name] = total.get(name, 0) + value
+        return total
+
+    def _stats_of(self, link: int, timeout_s: float) -> dict[str, int]:
         # a numbered request: the reply to a keep-alive sent just before must not pass for this one's
         self._stats_request = request = self._stats_request % 0xFFFFFFFF + 1
         self.stats_event.clear()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            self.inbox.put(("stats", request))
+            self.inbox.put(("stats", (request, link)))
             self._wake()
             if self.stats_event.wait(0.1):
                 answered, stats = self.stats_reply or (0, {})
@@ -139,21 +156,24 @@ class Engine:
             while not self._closing:
                 self._admit()
                 self._pump()
-                readable, _, _ = select.select([self.sock, self._wake_r], [], [], self._wait_time())
+                readable, _, _ = select.select([*self.socks, self._wake_r], [], [], self._wait_time())
                 if self._wake_r in readable:
                     try:
                         self._wake_r.recv(4096)
                     except BlockingIOError:
                         pass
-                if self.sock in readable:
-                    self._drain()
+                for link, sock in enumerate(self.socks):
+                    if sock in readable:
+                        self._drain(link)
                 now = time.monotonic()
-                with self._fault_lock:
-                    self.faults.flush(now)
+                if self.faulty:
+                    with self._fault_lock:
+                        self.faults.flush(now)
+                    self._forward_faulty()
                 self._retransmit(now)
                 self._watchdog(now)
                 if now - self.last_sent > KEEPALIVE_S:
-                    self._raw_send(p.pack(p.STATS, self.cfg.job_id, 0, 0, 0, self.cfg.rank, self.cfg.world, 0))
+                    self._control(p.pack(p.STATS, self.cfg.job_id, 0, 0, 0, self.cfg.rank, self.cfg.world, 0))
         except BaseException as error:  # noqa: BLE001 - every failure must reach the waiting callers
             self.fatal = error if isinstance(error, InnetError) else InnetError(f"innet worker failed: {error!r}")
         else:  # closed: an op still in flight can never finish, so its waiter must not sit out its timeout
@@ -175,12 +195,10 @@ class Engine:
     def _wait_time(self) -> float:
         now = time.monotonic()
         wait = 0.05
-        timers = self.timers
-        while timers and self._stale(timers[0]):
-            heapq.heappop(timers)  # answered packets: no wake-up for them
-        if timers:
-            wait = min(wait, max(0.0, self.timers[0][0] - now))
-        release = self.faults.next_release()
+        deadline = self.window.next_deadline()
+        if deadline is not None:
+            wait = min(wait, max(0.0, deadline - now))
+        release = self.faults.next_release() if self.faulty else None
         if release is not None:
             wait = min(wait, max(0.0, release - now))
         return wait
@@ -192,87 +210,145 @@ class Engine:
             except queue.Empty:
                 return
             if kind == "stats":
-                self._raw_send(p.pack(p.STATS, self.cfg.job_id, item, 0, 0, self.cfg.rank, self.cfg.world, 0))
+                request, link = item
+                self._control(p.pack(p.STATS, self.cfg.job_id, request, 0, 0, self.cfg.rank, self.cfg.world, 0),
+                              link)
                 continue
-            self.stream.admit(item)
+            self.stream.admit(item, self._apply_stashed)
             self.last_progress = time.monotonic()
 
     def _pump(self) -> None:
-        """Send ready packets while the window has room."""
-        while len(self.outstanding) < self.cfg.window:
-            item = self.stream.pop_ready(self.outstanding)
-            if item is None:
-                return
-            index, op, q = item
-            slot, version = index % self.s, (index // self.s) % 2
-            now = time.monotonic()
-            entry = _Outstanding(op, q, None, now)
-            self.outstanding[index] = entry
-            heapq.heappush(self.timers, (now + self.rto.for_send(1), index, 1))
-            self.counters.sent += 1
-            if self._senders:
-                self._send_queue.put((entry, slot, version))
+        """Build and send the ready packets while the window has room."""
+        room = self.cfg.window - self.window.in_flight
+        if room <= 0:
+            return
+        now = time.monotonic()
+        for op, q, slots in self.stream.ready(self.window.idle(), room):
+            self.window.occupy(slots, op.base + q, now)
+            self.counters.sent += len(q)
+            if self._senders:  # the sender threads build and send it in parts, in parallel
+                for part in np.array_split(np.arange(len(q)), len(self._senders)):
+                    if len(part):
+                        self._send_queue.put((op, q[part], slots[part]))
             else:
-                entry.packet = op.build(q, self.cfg.job_id, self.cfg.rank, slot, version)
-                self._send(entry.packet)
+                self._build_and_send(op, q, slots)
+
+    def _build_and_send(self, op: Op, q: np.ndarray, slots: np.ndarray, senders: list | None = None) -> None:
+        window = self.window
+        lengths = op.build_into(q, window.rows, slots, (op.base + q) // self.s % 2, self.cfg.job_id, self.cfg.rank)
+        window.mark_built(slots, lengths)
+        self._send_slots(slots, senders)
 
     def _sender_loop(self) -> None:
+        senders = [batch_io.Sender(sock, gso=self.cfg.offload) for sock in self.socks]  # one queue per thread
         while True:
             item = self._send_queue.get()
             if item is None:
                 return
-            entry, slot, version = item
+            op, q, slots = item
             try:
-                entry.packet = entry.op.build(entry.q, self.cfg.job_id, self.cfg.rank, slot, version)
-                self._send(entry.packet)
+                self._build_and_send(op, q, slots, senders)
             except Exception as error:  # noqa: BLE001 - reported through the op
-                entry.op.finish(InnetError(f"building a packet failed: {error!r}"))
+                op.finish(InnetError(f"building a packet failed: {error!r}"))
 
-    def _send(self, packet: bytes) -> None:
-        if not self.faulty:
-            self._raw_send(packet)
+    def _send_slots(self, slots: np.ndarray, senders: list | None = None) -> None:
+        """Send the datagrams in the window rows of `slots`, each on its slot's shard."""
+        pointers, lengths = self.window.pointers(slots)
+        senders = senders or self.senders
+        if self.faulty:
+            with self._fault_lock:
+                for length, slot in zip(lengths.tolist(), slots.tolist(), strict=True):
+                    self._up.clear()
+                    self.faults.send(bytes(self.window.rows[slot, :length]))
+                    self._raw_send(self._up, senders)
+                self._up.clear()
             return
-        with self._fault_lock:
-            self.faults.send(packet)
+        shards = len(senders)
+        for link, sender in enumerate(senders):
+            mine = slice(None) if shards == 1 else (slots % shards == link)
+            sender.add(pointers[mine], lengths[mine])
+            self._flush(sender)
 
-    def _raw_send(self, packet: bytes) -> None:
+    def _flush(self, sender: batch_io.Sender) -> None:
         self.last_sent = time.monotonic()
         try:
-            self.sock.send(packet)
-        except BlockingIOError:
-            pass  # the socket buffer is full: the packet is lost, the retransmission timer recovers it
+            sender.flush()  # a full socket buffer loses packets: the retransmission timers recover them
         except ConnectionRefusedError:
             raise self._refused() from None
+
+    def _raw_send(self, datagrams: list[bytes], senders: list | None = None) -> None:
+        """Datagrams held as bytes (through the fault injector): a DATA packet to its slot's shard."""
+        senders = senders or self.senders
+        for data in datagrams:
+            shard = int.from_bytes(data[16:18], "little") % len(senders) if data[3] == p.DATA else 0
+            senders[shard].add_bytes(data)
+        for sender in senders:
+            if len(sender):
+                self._flush(sender)
+
+    def _control(self, datagram: bytes, link: int = 0) -> None:
+        """A control message (counters request, keep-alive) to shard `link`, around the fault injector."""
+        self.senders[link].add_bytes(datagram)
+        self._flush(self.senders[link])
 
     def _refused(self) -> InnetError:
         return InnetError(self._unreachable("refused the packets (nothing listens on that port)"))
 
-    def _drain(self) -> None:
-        for _ in range(1024):
+    def _drain(self, link: int) -> None:
+        for _ in range(64):
             try:
-                data = self.sock.recv(65_536)
-            except (BlockingIOError, InterruptedError):
-                return
+                batch = self.receivers[link].receive()
             except ConnectionRefusedError:
                 raise self._refused() from None
+            if not len(batch):
+                return
             self.last_heard = time.monotonic()
             if not self.faulty:
-                self._on_datagram(data)
+                self._on_batch(batch)
                 continue
             with self._fault_lock:
-                self.faults.receive(data)
+                for i in range(len(batch)):
+                    self.faults.receive(batch.datagram(i))
+            self._forward_faulty()
+
+    def _forward_faulty(self) -> None:
+        """Hand on what the fault injector released (held datagrams come out later)."""
+        if self._up:
+            up, self._up[:] = list(self._up), []
+            self._raw_send(up)
+        if self._down:
+            down, self._down[:] = list(self._down), []
+            self._on_batch(_as_batch(down))
 
     # ---- packets from the switch ----------------------------------------------------------------------
-    def _on_datagram(self, data: bytes) -> None:
-        try:
-            h = p.unpack(data)
-        except p.ProtocolError:
-            return
-        if h.job != self.cfg.job_id:
-            return
-        if h.type == p.RESULT:
-            self._on_result(h, data)
-        elif h.type == p.STATUS:
+    def _on_batch(self, batch: batch_io.Datagrams) -> None:
+        headers, valid = p.parse_headers(batch.buffer, batch.offsets, batch.lengths)
+        mine = valid & (headers["job"] == self.cfg.job_id)
+        kinds = headers["type"]
+        results = np.flatnonzero(mine & (kinds == p.RESULT))
+        if len(results):
+            self._on_results(p.take_headers(headers, results), batch, results)
+        for i in np.flatnonzero(mine & (kinds != p.RESULT)).tolist():
+            self._on_control(batch.datagram(i))
+
+    def _on_results(self, h: np.ndarray, batch: batch_io.Datagrams, where: np.ndarray) -> None:
+        payload = batch.offsets[where] + p.HEADER_BYTES
+
+        def values(at: np.ndarray, width: int) -> np.ndarray:
+            every = np.lib.stride_tricks.sliding_window_view(batch.buffer, 4 * width)
+            return every[payload[at]].view("<i4")
+
+        indices = self.stream.apply(h, values, lambda i: batch.datagram(int(where[i])))
+        if len(indices):
+            self.last_progress = time.monotonic()
+            self.window.answer(indices, self.last_progress)
+
+    def _apply_stashed(self, datagrams: list[bytes]) -> None:
+        self._on_batch(_as_batch(datagrams))
+
+    def _on_control(self, data: bytes) -> None:
+        h = p.unpack(data)
+        if h.type == p.STATUS:
             self.counters.status_replies += 1
             self.waiting_for = [r for r in range(self.cfg.world)
                                 if r not in p.ranks_in_bitmap(p.values_of(data, h.count), self.cfg.world)]
@@ -280,34 +356,12 @@ class Engine:
             self.stats_reply = (h.op, p.stats_from_payload(data, h.count))
             self.stats_event.set()
 
-    def _on_result(self, h: p.Header, data: bytes) -> None:
-        index = self.stream.apply(h, data)
-        if index is None:
-            return
-        self.last_progress = time.monotonic()
-        entry = self.outstanding.pop(index, None)
-        if entry is not None and entry.sends == 1:
-            self.rto.sample(self.last_progress - entry.sent_at)  # Karn: first transmissions only
-
     # ---- timers ------------------------------------------------------------------------------------
     def _retransmit(self, now: float) -> None:
-        timers = self.timers
-        while timers and timers[0][0] <= now:
-            _, index, sends = heapq.heappop(timers)
-            entry = self.outstanding.get(index)
-            if entry is None or entry.sends != sends:
-                continue  # answered, or already rescheduled
-            if entry.packet is None:  # a sender thread has not built it yet
-                heapq.heappush(timers, (now + self.rto.for_send(sends), index, sends))
-                continue
-            entry.sends += 1
-            self.counters.retransmitted += 1
-            heapq.heappush(timers, (now + self.rto.for_send(entry.sends), index, entry.sends))
-            self._send(p.with_flags(entry.packet, p.RETRANSMIT))
-
-    def _stale(self, timer: tuple[float, int, int]) -> bool:
-        entry = self.outstanding.get(timer[1])
-        return entry is None or entry.sends != timer[2]
+        slots = self.window.due(now)
+        if len(slots):
+            self.counters.retransmitted += len(slots)
+            self._send_slots(slots)
 
     def _watchdog(self, now: float) -> None:
         if not self.stream.ops or now - self.last_progress <= self.cfg.timeout_s:
@@ -328,3 +382,12 @@ class Engine:
             return True
         except OSError:
             return False
+
+
+def _as_batch(datagrams: list[bytes]) -> batch_io.Datagrams:
+    """Datagrams held as bytes (through the fault injector, or stashed) as one batch."""
+    lengths = np.array([len(d) for d in datagrams], np.int64)
+    offsets = np.cumsum(lengths) - lengths
+    buffer = np.zeros(int(lengths.sum()) + batch_io.PAD, np.uint8)
+    buffer[:int(lengths.sum())] = np.frombuffer(b"".join(datagrams), np.uint8)
+    return batch_io.Datagrams(buffer, offsets, lengths)

@@ -6,8 +6,11 @@ prologue of block q, packet P + c carries the values of block c. Every packet q 
 worker's exponent of data block q (the block that waits on it), which is how the exponent is agreed one
 block ahead. An int32 op has no prologue (P = 0) and is summed exactly (an average divides by the count, toward zero).
 
-Results are written into the op's own tensor (in place): a block's values are read, quantized and kept
-in the stored datagram before its result can arrive, so the overwrite is safe.
+Packets are built and results taken a batch at a time: the headers of a batch written as one record array, the
+values of its blocks quantized (or copied) as one (blocks x k) array straight into the send buffer's rows, the
+values of a batch of results dequantized the same way into the tensor. Results are written into the op's own
+tensor (in place): a block's values are read, quantized and kept in the send buffer before its result can
+arrive, so the overwrite is safe.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from stepscope.innet.wire import protocol as p
-from stepscope.innet.wire.quantize import block_exponents, dequantize, quantize
+from stepscope.innet.wire.quantize import block_exponents, dequantize_blocks, quantize_blocks
 
 
 class Op:
@@ -34,11 +37,12 @@ class Op:
         self.k = values_per_packet
         self.n = len(array)
         self.blocks = -(-self.n // self.k)
+        self.full = self.n // self.k  # blocks of exactly k values (the last may be shorter)
         self.prologue = min(slots, self.blocks) if self.quantized else 0
         self.packets = self.prologue + self.blocks
         self.own_exponent = block_exponents(array, self.k) if self.quantized else None
         self.agreed = np.full(self.blocks, p.NO_EXPONENT, dtype=np.int16)
-        self.done = bytearray(self.packets)
+        self.done = np.zeros(self.packets, bool)
         self.remaining = self.packets
         self.contributors = np.zeros(self.blocks, dtype=np.int32)
         self.timed_out_blocks = 0
@@ -56,73 +60,107 @@ class Op:
         self._finish_lock = threading.Lock()  # the I/O thread, a sender thread or the caller may finish it
 
     # ---- mapping ---------------------------------------------------------------------------------
-    def is_prologue(self, q: int) -> bool:
-        return q < self.prologue
+    def packets_of(self, prologue: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Packet index of each (phase, offset) of results, -1 where they do not fit this op."""
+        block, rest = np.divmod(offsets.astype(np.int64), self.k)
+        fits = (rest == 0) & (block < self.blocks) & ~(prologue & ((block >= self.prologue) | (not self.quantized)))
+        return np.where(fits, np.where(prologue, block, self.prologue + block), -1)
 
-    def block_of(self, q: int) -> int:
-        return q if q < self.prologue else q - self.prologue
-
-    def packet_of(self, prologue: bool, offset: int) -> int | None:
-        """Packet index of a block given its header fields, or None when they do not fit this op."""
-        block, rest = divmod(offset, self.k)
-        if rest or block >= self.blocks or (prologue and block >= self.prologue):
-            return None
-        if prologue and not self.quantized:
-            return None
-        return block if prologue else self.prologue + block
-
-    def can_send(self, q: int) -> bool:
+    def sendable(self, q: np.ndarray) -> np.ndarray:
         """A data block needs its agreed exponent (from the result of packet `block`)."""
-        return not self.quantized or q < self.prologue or self.agreed[q - self.prologue] != p.NO_EXPONENT
+        if not self.quantized:
+            return np.ones(len(q), bool)
+        data = q >= self.prologue
+        return ~data | (self.agreed[np.where(data, q - self.prologue, 0)] != p.NO_EXPONENT)
 
     # ---- packets ---------------------------------------------------------------------------------
-    def build(self, q: int, job: int, rank: int, slot: int, version: int) -> bytes:
-        next_exponent = int(self.own_exponent[q]) if self.quantized and q < self.blocks else p.NO_EXPONENT
-        if self.is_prologue(q):
-            return p.pack(p.DATA, job, self.op_id, q * self.k, slot, rank, self.world, version | p.PROLOGUE,
-                          contributors=self.min_count, next_exponent=next_exponent, op_flags=self.op_flags)
-        block = q - self.prologue
-        start = block * self.k
-        values = self.array[start:start + self.k]
+    def build_into(self, q: np.ndarray, out: np.ndarray, rows: np.ndarray, versions: np.ndarray, job: int,
+                   rank: int) -> np.ndarray:
+        """Write packets `q` into rows `rows` of `out` (uint8, header + k values per row; `versions`: their slot
+        versions; a row's slot is its index) and return their lengths."""
+        prologue = q < self.prologue
+        block = np.where(prologue, q, q - self.prologue)
+        count = np.where(prologue, 0, np.minimum(self.k, self.n - block * self.k))
+        header = np.zeros(len(q), p.HEADER_DTYPE)
+        header["magic"], header["version"], header["type"] = p.MAGIC, p.PROTOCOL_VERSION, p.DATA
+        header["job"], header["op"], header["offset"] = job, self.op_id, block * self.k
+        header["slot"], header["rank"], header["world"] = rows, rank, self.world
+        header["flags"] = versions | np.where(prologue, p.PROLOGUE, 0)
+        header["count"], header["contributors"], header["op_flags"] = count, self.min_count, self.op_flags
+        header["next_exponent"] = p.NO_EXPONENT
+        data = np.flatnonzero(~prologue)
         if self.quantized:
-            exponent = int(self.agreed[block])
-            if self.own_exponent[block] > exponent:  # its largest value does not fit the agreed range
-                self.clipped.add(block)
-            ints = quantize(values, exponent, self.world)
-        else:
-            exponent, ints = 0, values
-        return p.pack(p.DATA, job, self.op_id, start, slot, rank, self.world, version,
-                      contributors=self.min_count, exponent=exponent, next_exponent=next_exponent,
-                      op_flags=self.op_flags, values=ints)
-
-    def apply_result(self, q: int, h: p.Header, data: bytes) -> None:
-        """Take a block's result: the agreed exponent it brings and, for data blocks, the values."""
-        if q < self.blocks and self.quantized:
-            self.agreed[q] = h.next_exponent
-        if h.flags & (p.TIMEOUT | p.K_REACHED):
-            self.timed_out_blocks += 1
-        if not self.is_prologue(q):
-            block = q - self.prologue
-            start = block * self.k
-            ints = p.values_of(data, h.count)
+            ahead = q < self.blocks  # packet q carries this rank's exponent of data block q
+            header["next_exponent"][ahead] = self.own_exponent[q[ahead]]
+            header["exponent"][data] = self.agreed[block[data]]
+        out[rows, :p.HEADER_BYTES] = header.view(np.uint8).reshape(-1, p.HEADER_BYTES)
+        words = out.view("<i4")[:, p.HEADER_BYTES // 4:]
+        for blocks, width in self._by_width(block[data]):
+            at = rows[data][blocks]
+            values = self._block_values(block[data][blocks], width)
             if self.quantized:
-                divisor = h.contributors if self.average else 1
-                self.array[start:start + h.count] = dequantize(ints, h.exponent, self.world, divisor)
+                agreed = self.agreed[block[data][blocks]].astype(np.int64)
+                late = block[data][blocks][self.own_exponent[block[data][blocks]] > agreed]
+                self.clipped.update(late.tolist())  # its largest value does not fit the agreed range
+                values = quantize_blocks(values, agreed, self.world)
+            words[at, :width] = values
+        return p.HEADER_BYTES + 4 * count
+
+    def build(self, q: int, job: int, rank: int, slot: int, version: int) -> bytes:
+        """One packet as bytes (the batch path with a batch of one)."""
+        out = np.zeros((slot + 1, p.HEADER_BYTES + 4 * self.k), np.uint8)
+        length = self.build_into(np.array([q]), out, np.array([slot]), np.array([version]), job, rank)
+        return bytes(out[slot, :int(length[0])])
+
+    def _by_width(self, block: np.ndarray) -> list[tuple[np.ndarray, int]]:
+        """The data blocks as (positions, values per block): the full ones, and the short last one."""
+        last = block == self.blocks - 1
+        short = self.n - (self.blocks - 1) * self.k
+        if short == self.k or not last.any():
+            return [(np.arange(len(block)), self.k)] if len(block) else []
+        groups = [(np.flatnonzero(~last), self.k), (np.flatnonzero(last), short)]
+        return [(at, width) for at, width in groups if len(at)]
+
+    def _block_values(self, block: np.ndarray, width: int) -> np.ndarray:
+        if width == self.k:
+            return self.array[:self.full * self.k].reshape(self.full, self.k)[block]
+        return self.array[self.full * self.k:][None, :]
+
+    # ---- results ---------------------------------------------------------------------------------
+    def take_results(self, q: np.ndarray, h: np.ndarray, values: Callable[[np.ndarray, int], np.ndarray]) -> None:
+        """Take results for packets `q` (headers `h`; `values(positions, width)` gathers their values as int32):
+        the agreed exponents they bring and, for data blocks, the values, written into the tensor."""
+        if self.quantized:
+            ahead = q < self.blocks
+            self.agreed[q[ahead]] = h["next_exponent"][ahead]
+        self.timed_out_blocks += int(np.count_nonzero(h["flags"] & (p.TIMEOUT | p.K_REACHED)))
+        data = np.flatnonzero(q >= self.prologue)
+        block = q[data] - self.prologue
+        for blocks, width in self._by_width(block):
+            at = data[blocks]
+            ints = values(at, width)
+            contributors = h["contributors"][at].astype(np.int64)
+            if self.quantized:
+                divisors = contributors if self.average else np.ones_like(contributors)
+                result = dequantize_blocks(ints, h["exponent"][at], self.world, divisors)
             elif self.average:  # exact sum, then C's integer division (toward zero) by the real count
                 total = ints.astype(np.int64)
-                self.array[start:start + h.count] = np.sign(total) * (np.abs(total) // h.contributors)
+                result = np.sign(total) * (np.abs(total) // contributors[:, None])
             else:
-                self.array[start:start + h.count] = ints
-            self.contributors[block] = h.contributors
-        self.done[q] = 1
-        self.remaining -= 1
+                result = ints
+            if width == self.k:
+                self.array[:self.full * self.k].reshape(self.full, self.k)[block[blocks]] = result
+            else:
+                self.array[self.full * self.k:] = result[0]
+        self.contributors[block] = h["contributors"][data]
+        self.done[q] = True
+        self.remaining -= len(q)
 
-    def result_fits(self, q: int, h: p.Header) -> bool:
-        """A result's value count must be this block's size (prologue: none)."""
-        if self.is_prologue(q):
-            return h.count == 0
+    def results_fit(self, q: np.ndarray, count: np.ndarray) -> np.ndarray:
+        """A result's value count must be its block's size (prologue: none)."""
         block = q - self.prologue
-        return h.count == min(self.k, self.n - block * self.k)
+        size = np.where(q < self.prologue, 0, np.minimum(self.k, self.n - block * self.k))
+        return count == size
 
     # ---- completion ------------------------------------------------------------------------------
     def finish(self, error: BaseException | None = None) -> None:

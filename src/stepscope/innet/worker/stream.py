@@ -1,18 +1,20 @@
-"""The job's packet stream on one worker: ops in submit order, which packet each slot sends next, the
-ready queue, data packets waiting for their agreed exponent, and results stashed for ops this rank has
-not submitted yet (it is late).
+"""The job's packet stream on one worker: ops in submit order, which packet each slot sends next, and results
+stashed for ops this rank has not submitted yet (it is late), kept as arrays and applied a batch at a time.
 
 Stream packet i uses slot i mod s and version (i div s) mod 2. A slot carries one packet at a time:
 packet i + s becomes ready only after the result of packet i arrived (self-clocking). A result that
 arrives for a packet not sent yet (the block completed without this rank) marks the packet done, so a
-straggler skips what the others finished and catches up.
+straggler skips what the others finished and catches up. A data packet also waits for its block's agreed
+exponent (the result of the packet that carried it); which packets are ready is worked out for all idle slots at
+once (`ready`).
 """
 
 from __future__ import annotations
 
-import bisect
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from stepscope.innet.wire import protocol as p
 from stepscope.innet.worker.op import Op
@@ -45,77 +47,95 @@ class Stream:
         self.s, self.rank, self.stash_limit_bytes, self.counters = slots, rank, stash_limit_bytes, counters
         self.end = 0  # next free stream index
         self.ops: dict[int, Op] = {}
-        self.bases: list[int] = []
-        self.order: list[Op] = []
+        self.order: list[Op] = []  # admitted ops in stream order; finished ones leave from the front
+        self.bases = np.zeros(0, np.int64)
         self.last_admitted = 0
-        self.slot_next = list(range(slots))
-        self.ready: deque[int] = deque()
-        self.parked: dict[tuple[int, int], tuple[int, int]] = {}  # (op id, block) -> (slot, stream index)
+        self.slot_next = np.arange(slots, dtype=np.int64)
         self.stash: dict[int, list[bytes]] = {}
         self.stash_bytes = 0
 
-    def admit(self, op: Op) -> None:
-        """Append an op to the stream, take the results that came before it, wake the idle slots."""
+    def admit(self, op: Op, apply_stashed: Callable[[list[bytes]], None]) -> None:
+        """Append an op to the stream and take the results that came before it (`apply_stashed`)."""
         op.base = self.end
         self.end += op.packets
         self.last_admitted = op.op_id
         self.ops[op.op_id] = op
-        self.bases.append(op.base)
         self.order.append(op)
+        self.bases = np.append(self.bases, op.base)
         if op.packets == 0:
             self._complete(op)
             return
-        for data in self.stash.pop(op.op_id, []):  # results that came before this rank got here
-            self.stash_bytes -= len(data)
-            self.apply(p.unpack(data), data)
-        for slot in range(self.s):
-            if op.base <= self.slot_next[slot] < self.end:
-                self._advance(slot)
+        stashed = self.stash.pop(op.op_id, [])
+        if stashed:  # results that came before this rank got here
+            self.stash_bytes -= sum(len(data) for data in stashed)
+            apply_stashed(stashed)
 
-    def pop_ready(self, outstanding: dict) -> tuple[int, Op, int] | None:
-        """The next packet to send (stream index, op, packet index in the op), or None."""
-        while self.ready:
-            index = self.ready.popleft()
-            if self.slot_next[index % self.s] != index or index in outstanding:
-                continue  # stale entry: the slot moved on (its result came first)
-            op, q = self._locate(index)
-            if op is None or op.done[q]:
-                self._advance(index % self.s)
-                continue
-            return index, op, q
-        return None
+    def ready(self, idle: np.ndarray, limit: int) -> list[tuple[Op, np.ndarray, np.ndarray]]:
+        """Up to `limit` packets to send now on the `idle` slots, lowest stream index first, per op: (op, packet
+        indices in the op, their slots). Packets whose result is already here are skipped on the way."""
+        slots = np.flatnonzero(idle & (self.slot_next < self.end))
+        while len(slots):
+            index = self.slot_next[slots]
+            which = np.searchsorted(self.bases, index, side="right") - 1
+            done = which < 0  # the op finished and left the stream
+            for i in np.unique(which[which >= 0]).tolist():
+                op, mine = self.order[i], which == i
+                done[mine] = op.done[index[mine] - op.base]
+            if not done.any():
+                break
+            self.counters.skipped += int(np.count_nonzero(done & (which >= 0)))
+            self.slot_next[slots[done]] += self.s
+            slots = slots[self.slot_next[slots] < self.end]
+        if not len(slots) or limit <= 0:
+            return []
+        index = self.slot_next[slots]
+        which = np.searchsorted(self.bases, index, side="right") - 1
+        sendable = np.zeros(len(slots), bool)
+        for i in np.unique(which).tolist():
+            mine = which == i
+            sendable[mine] = self.order[i].sendable(index[mine] - self.order[i].base)
+        first = np.argsort(index[sendable], kind="stable")[:limit]
+        slots, index, which = slots[sendable][first], index[sendable][first], which[sendable][first]
+        return [(self.order[i], index[which == i] - self.order[i].base, slots[which == i])
+                for i in np.unique(which).tolist()]
 
-    def apply(self, h: p.Header, data: bytes) -> int | None:
-        """Take a RESULT; returns the stream index it completed, or None (stashed, duplicate, foreign)."""
-        op = self.ops.get(h.op)
-        if op is None:
-            if h.op > self.last_admitted and not h.flags & p.OLD:
-                self._stash(h.op, data)
-            return None  # else: a duplicate for an op that already finished
-        q = op.packet_of(bool(h.flags & p.PROLOGUE), h.offset)
-        if q is None or op.done[q]:
-            self.counters.duplicate_results += 1
-            return None
-        if h.flags & p.OLD:
-            raise InnetError(f"block at offset {h.offset} of allreduce.{h.op} completed without rank "
-                             f"{self.rank} and the switch no longer holds it (this rank fell more than the "
-                             f"job's result history behind)")
-        if not op.result_fits(q, h):
-            return None
-        op.apply_result(q, h, data)
-        self.counters.results += 1
-        index = op.base + q
-        slot = index % self.s
-        if self.slot_next[slot] == index:
-            self.slot_next[slot] = index + self.s
-            self._advance(slot)
-        if q < op.blocks and op.quantized:
-            waiting = self.parked.pop((op.op_id, q), None)  # the data block whose exponent just came
-            if waiting is not None and self.slot_next[waiting[0]] == waiting[1]:
-                self._advance(waiting[0])
-        if op.remaining == 0:
-            self._complete(op)
-        return index
+    def apply(self, h: np.ndarray, values: Callable[[np.ndarray, int], np.ndarray],
+              datagram: Callable[[int], bytes]) -> np.ndarray:
+        """Take a batch of RESULT packets (headers `h`; `values(positions, width)` their values, `datagram(i)`
+        one of them as bytes); returns the stream indices they completed (stashed, duplicate, foreign: none)."""
+        applied = []
+        op_ids = h["op"]
+        for op_id in np.unique(op_ids).tolist():
+            mine = np.flatnonzero(op_ids == op_id)
+            op = self.ops.get(op_id)
+            if op is None:
+                if op_id > self.last_admitted:
+                    for i in mine[(h["flags"][mine] & p.OLD) == 0].tolist():
+                        self._stash(op_id, datagram(i))
+                continue  # else: a duplicate for an op that already finished
+            q = op.packets_of((h["flags"][mine] & p.PROLOGUE) != 0, h["offset"][mine])
+            first = np.zeros(len(q), bool)
+            first[np.unique(q, return_index=True)[1]] = True  # one result per packet in a batch
+            fresh = (q >= 0) & first & ~op.done[np.maximum(q, 0)]
+            self.counters.duplicate_results += int(np.count_nonzero(~fresh))
+            late = fresh & ((h["flags"][mine] & p.OLD) != 0)
+            if late.any():
+                offset = int(h["offset"][mine][late][0])
+                raise InnetError(f"block at offset {offset} of allreduce.{op_id} completed without rank "
+                                 f"{self.rank} and the switch no longer holds it (this rank fell more than the "
+                                 f"job's result history behind)")
+            fresh &= op.results_fit(np.maximum(q, 0), h["count"][mine].astype(np.int64))
+            take = mine[fresh]
+            op.take_results(q[fresh], p.take_headers(h, take), lambda at, width, take=take: values(take[at], width))
+            self.counters.results += len(take)
+            index = op.base + q[fresh]
+            slot = index % self.s
+            moves = self.slot_next[slot] == index
+            self.slot_next[slot[moves]] += self.s
+            applied.append(index)
+            if op.remaining == 0:
+                self._complete(op)
+        return np.concatenate(applied) if applied else np.zeros(0, np.int64)
 
     def _stash(self, op_id: int, data: bytes) -> None:
         if self.stash_bytes + len(data) > self.stash_limit_bytes:
@@ -130,32 +150,9 @@ class Stream:
         self.counters.clipped_blocks += len(op.clipped)
         op.finish()
         # finished ops leave the front of the stream: their packets count as done from then on
-        while self.order and self.order[0].event.is_set():
-            self.order.pop(0)
-            self.bases.pop(0)
-
-    def _locate(self, index: int) -> tuple[Op | None, int]:
-        """The op holding stream packet `index` and the packet's index in it (None: finished op)."""
-        i = bisect.bisect_right(self.bases, index) - 1
-        if i < 0:
-            return None, 0
-        op = self.order[i]
-        return (op, index - op.base) if index < op.base + op.packets else (None, 0)
-
-    def _advance(self, slot: int) -> None:
-        """Queue the slot's next packet to send, skipping packets whose result is already here."""
-        while True:
-            index = self.slot_next[slot]
-            if index >= self.end:
-                return  # nothing submitted for this slot yet; `admit` resumes it
-            op, q = self._locate(index)
-            if op is None or op.done[q]:
-                if op is not None:
-                    self.counters.skipped += 1
-                self.slot_next[slot] = index + self.s
-                continue
-            if not op.can_send(q):
-                self.parked[(op.op_id, op.block_of(q))] = (slot, index)  # waits for its agreed exponent
-                return
-            self.ready.append(index)
-            return
+        gone = 0
+        while gone < len(self.order) and self.order[gone].event.is_set():
+            gone += 1
+        if gone:
+            del self.order[:gone]
+            self.bases = self.bases[gone:]
