@@ -75,15 +75,16 @@ def scales(world: int, exponents: np.ndarray) -> np.ndarray:
     return INT32_MAX / (world * np.ldexp(1.0, exponents.astype(np.int64)))
 
 
-def quantize_blocks(values: np.ndarray, exponents: np.ndarray, world: int) -> np.ndarray:
-    """`quantize` of each row of `values` (blocks x values) with its exponent: the same integers."""
+def quantize_blocks(values: np.ndarray, exponents: np.ndarray, world: int, integers: bool = True) -> np.ndarray:
+    """`quantize` of each row of `values` (blocks x values) with its exponent: the same integers (with
+    `integers=False` still as float64, whole numbers in int32's range, for a caller that stores them as int32)."""
     if np.any(exponents == NO_EXPONENT):
         raise QuantizationError("no agreed exponent for this block")
     limit = INT32_MAX // world
     scaled = np.multiply(values, scales(world, exponents)[:, None], dtype=np.float64)
     np.rint(scaled, out=scaled)
     np.clip(scaled, -limit, limit, out=scaled)
-    return scaled.astype("<i4")
+    return scaled.astype("<i4") if integers else scaled
 
 
 def dequantize_blocks(ints: np.ndarray, exponents: np.ndarray, world: int, divisors: np.ndarray) -> np.ndarray:

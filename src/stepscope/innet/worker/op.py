@@ -43,6 +43,7 @@ class Op:
         self.own_exponent = block_exponents(array, self.k) if self.quantized else None
         self.agreed = np.full(self.blocks, p.NO_EXPONENT, dtype=np.int16)
         self.done = np.zeros(self.packets, bool)
+        self.stamp = np.zeros(self.packets, np.int64)  # scratch: which result of a batch came first per packet
         self.remaining = self.packets
         self.contributors = np.zeros(self.blocks, dtype=np.int32)
         self.timed_out_blocks = 0
@@ -96,14 +97,16 @@ class Op:
         out[rows, :p.HEADER_BYTES] = header.view(np.uint8).reshape(-1, p.HEADER_BYTES)
         words = out.view("<i4")[:, p.HEADER_BYTES // 4:]
         for blocks, width in self._by_width(block[data]):
-            at = rows[data][blocks]
-            values = self._block_values(block[data][blocks], width)
+            at, mine = rows[data][blocks], block[data][blocks]
             if self.quantized:
-                agreed = self.agreed[block[data][blocks]].astype(np.int64)
-                late = block[data][blocks][self.own_exponent[block[data][blocks]] > agreed]
-                self.clipped.update(late.tolist())  # its largest value does not fit the agreed range
-                values = quantize_blocks(values, agreed, self.world)
-            words[at, :width] = values
+                agreed = self.agreed[mine].astype(np.int64)
+                late = mine[self.own_exponent[mine] > agreed]
+                if len(late):
+                    self.clipped.update(late.tolist())  # its largest value does not fit the agreed range
+            values = self._block_values(mine, width)
+            if self.quantized:
+                values = quantize_blocks(values, agreed, self.world, integers=False)
+            words[at, :width] = values  # (rounded float64 values become int32 exactly here)
         return p.HEADER_BYTES + 4 * count
 
     def build(self, q: int, job: int, rank: int, slot: int, version: int) -> bytes:
@@ -144,8 +147,7 @@ class Op:
                 divisors = contributors if self.average else np.ones_like(contributors)
                 result = dequantize_blocks(ints, h["exponent"][at], self.world, divisors)
             elif self.average:  # exact sum, then C's integer division (toward zero) by the real count
-                total = ints.astype(np.int64)
-                result = np.sign(total) * (np.abs(total) // contributors[:, None])
+                result = truncated_average(ints, contributors)
             else:
                 result = ints
             if width == self.k:
@@ -181,3 +183,10 @@ class Op:
                 "timed_out_blocks": self.timed_out_blocks, "clipped_blocks": len(self.clipped),
                 "min_contributors": int(contributors.min()) if self.blocks else self.world,
                 "seconds": (self.finished or time.perf_counter()) - self.submitted}
+
+
+def truncated_average(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """C's integer division (toward zero) of each row of int32 `sums` by its count, through float64: |sum| <
+    2^31 and count <= 1024, so a quotient that is not an integer is at least 1/1024 away from one, far more than
+    float64's rounding error (< 2^-21 here): truncating the correctly rounded quotient is exact."""
+    return np.trunc(sums / counts[:, None].astype(np.float64)).astype(np.int32)

@@ -114,9 +114,10 @@ class Stream:
                         self._stash(op_id, datagram(i))
                 continue  # else: a duplicate for an op that already finished
             q = op.packets_of((h["flags"][mine] & p.PROLOGUE) != 0, h["offset"][mine])
-            first = np.zeros(len(q), bool)
-            first[np.unique(q, return_index=True)[1]] = True  # one result per packet in a batch
-            fresh = (q >= 0) & first & ~op.done[np.maximum(q, 0)]
+            known = np.maximum(q, 0)
+            position = np.arange(len(q))
+            op.stamp[known[::-1]] = position[::-1]  # duplicates: the first one's position is written last
+            fresh = (q >= 0) & (op.stamp[known] == position) & ~op.done[known]  # one result per packet
             self.counters.duplicate_results += int(np.count_nonzero(~fresh))
             late = fresh & ((h["flags"][mine] & p.OLD) != 0)
             if late.any():
