@@ -57,7 +57,7 @@ _API: dict[str, str | tuple[str, str]] = {
     "InnetProfileConfig": ("stepscope.innet.runs.timeout_profile", "ProfileConfig"),
     "run_innet_timeout_profile": ("stepscope.innet.runs.timeout_profile", "run_profile"),
     "SimConfig": "stepscope.innet.sim.config", "run_innet_simulate": ("stepscope.innet.sim.sweep", "run_simulate"),
-    "SwitchConfig": "stepscope.innet.switch.server",
+    "SwitchConfig": "stepscope.innet.switch.config",
     # report: one HTML page of a study
     "build_report": ("stepscope.report", "build"), "write_report": "stepscope.report",
 }

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from stepscope.innet.switch.server import Switch, SwitchConfig
+from stepscope.innet.switch.config import SwitchConfig
+from stepscope.innet.switch.server import Switch
 from stepscope.innet.worker.client import InnetJob
 from stepscope.innet.worker.config import JobConfig
 

@@ -10,7 +10,8 @@ import random
 import numpy as np
 import pytest
 
-from stepscope.innet.switch.server import Switch, SwitchConfig
+from stepscope.innet.switch.config import SwitchConfig
+from stepscope.innet.switch.server import Switch
 from stepscope.innet.wire import protocol as p
 from tests.innet.switch_reference import ReferenceJob
 

@@ -6,7 +6,8 @@ import time
 
 import numpy as np
 
-from stepscope.innet.switch.server import Switch, SwitchConfig
+from stepscope.innet.switch.config import SwitchConfig
+from stepscope.innet.switch.server import Switch
 from stepscope.innet.wire import protocol as p
 
 ADDRESSES = [("127.0.0.1", 40000 + r) for r in range(8)]

@@ -16,7 +16,8 @@ Imports point down this list: wire <- switch, worker, sim <- runs.
     innet.all_reduce(tensor, op="avg", k=None)                # k: fastest-K (None = wait for every rank)
 """
 
-from stepscope.innet.switch.server import Switch, SwitchConfig
+from stepscope.innet.switch.config import SwitchConfig
+from stepscope.innet.switch.server import Switch
 from stepscope.innet.worker.client import InnetJob, Pending, all_reduce, init, log_line, shutdown
 from stepscope.innet.worker.config import JobConfig
 from stepscope.innet.worker.stream import InnetError

@@ -21,8 +21,8 @@ import numpy as np
 
 from stepscope.errors import UsageError
 from stepscope.innet.runs.runner import RunOutcome, run_ranks, start_run
+from stepscope.innet.switch.config import SwitchConfig
 from stepscope.innet.switch.job import SwitchJob
-from stepscope.innet.switch.server import SwitchConfig
 from stepscope.innet.wire import protocol as p
 from stepscope.innet.worker.client import InnetJob
 from stepscope.innet.worker.config import JobConfig, shared_job_id

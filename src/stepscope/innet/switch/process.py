@@ -31,7 +31,9 @@ from typing import Any
 
 from stepscope.distributed.launch.teardown import stop_processes
 from stepscope.errors import UsageError
-from stepscope.innet.switch.server import Switch, SwitchConfig
+from stepscope.innet.switch.config import SwitchConfig
+from stepscope.innet.switch.server import Switch
+from stepscope.innet.switch.shards import ShardProcesses, merge, pin
 from stepscope.innet.wire import protocol as p
 from stepscope.results.environment import base_environment
 from stepscope.results.store import RecordStore, make_record
@@ -65,19 +67,31 @@ def run_switch(config: SwitchConfig, out: str | os.PathLike | None = None, *, du
     (None: no records); returns the counters. An address it cannot bind is a usage error."""
     config.validate()
     store = RecordStore(out, "innet-switch").check_writable() if out is not None else None
+    switches: list[Switch] = []
     try:
-        switch = Switch(config)
+        for index in range(config.shards):  # every shard's port bound here: a busy one is bad input
+            switches.append(Switch(config.shard(index)))
     except OSError as error:
+        for switch in switches:
+            switch.sock.close()
         raise UsageError(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
-    run = _serve(switch, duration_s, stats_interval_s, say or (lambda line: print(line, flush=True)),
-                 stop_on_stdin_eof)
+    addresses = [switch.address for switch in switches]
+    shards = ShardProcesses(switches[1:], config.cpus)
+    pin(config.cpus, 0)
+    try:
+        run = _serve(switches[0], addresses, duration_s, stats_interval_s,
+                     say or (lambda line: print(line, flush=True)), stop_on_stdin_eof)
+    finally:
+        others = shards.stop()
+    if others:
+        run.counters, run.jobs = merge([(run.counters, run.jobs), *others])
     if store is not None:
         _record(store, config, run)
     return run
 
 
-def _serve(switch: Switch, duration_s: float | None, stats_interval_s: float | None, say: Callable[[str], None],
-           stop_on_stdin_eof: bool) -> SwitchRun:
+def _serve(switch: Switch, addresses: list[tuple[str, int]], duration_s: float | None, stats_interval_s: float | None,
+           say: Callable[[str], None], stop_on_stdin_eof: bool) -> SwitchRun:
     stop = threading.Event()
     interrupted = {"sigint": False}
 
@@ -87,8 +101,7 @@ def _serve(switch: Switch, duration_s: float | None, stats_interval_s: float | N
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     start = time.monotonic()
-    host, port = switch.address
-    say(f"{READY_PREFIX}{host}:{port}")
+    say(READY_PREFIX + ",".join(f"{host}:{port}" for host, port in addresses))
     timers = []
     if duration_s is not None:
         timers.append(threading.Timer(duration_s, stop.set))
@@ -111,7 +124,8 @@ def _serve(switch: Switch, duration_s: float | None, stats_interval_s: float | N
 
 def _record(store: RecordStore, config: SwitchConfig, run: SwitchRun) -> None:
     env = base_environment()
-    where = {"host": config.host, "port": config.port}  # as asked (0: the port the OS picked is not kept)
+    where = {"host": config.host, "port": config.port,  # as asked (0: the port the OS picked is not kept)
+             "shards": config.shards}
     for row in run.job_rows():
         store.append(make_record("innet-switch", {**where, "job": row["job"]},
                                  {name: row[name] for name in p.COUNTERS}, env=env))
@@ -218,7 +232,13 @@ class SwitchProcess:
 
 
 def probe(address: str, timeout_s: float = 2.0) -> dict[str, int]:
-    """The totals of the switch at host:port (a STATS request for job 0); UsageError if none answers."""
+    """The totals of the switch at host:port (a STATS request for job 0; shards host:port,...: summed over
+    them); UsageError if one does not answer."""
+    shards = [_probe_one(part.strip(), timeout_s) for part in address.split(",")]
+    return {name: sum(shard.get(name, 0) for shard in shards) for name in shards[0]}
+
+
+def _probe_one(address: str, timeout_s: float) -> dict[str, int]:
     host, _, port = address.rpartition(":")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         try:

@@ -20,13 +20,12 @@ import select
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from stepscope.errors import UsageError
 from stepscope.innet.switch.aggregate import contribute
+from stepscope.innet.switch.config import SwitchConfig
 from stepscope.innet.switch.job import SwitchJob
 from stepscope.innet.switch.outbox import Outbox
 from stepscope.innet.switch.table import JobTable
@@ -34,34 +33,6 @@ from stepscope.innet.wire import batch_io
 from stepscope.innet.wire import protocol as p
 
 RECV_BUFFER_BYTES = 4 << 20  # loopback bursts of a whole window must not overflow the socket
-
-
-@dataclass(frozen=True)
-class SwitchConfig:
-    """Where the switch listens and how much it may hold."""
-
-    host: str = "127.0.0.1"
-    """Address to bind (0.0.0.0 to serve other machines)."""
-    port: int = 9000
-    """UDP port; 0 lets the OS pick (the chosen port is in `Switch.address`)."""
-    max_jobs: int = 64
-    """Jobs served at once; a JOIN beyond this is rejected."""
-    max_job_bytes: int = 256 << 20
-    """Memory one job may take (slots x values x 2 versions, stored results, history)."""
-    idle_s: float = 300.0
-    """A job without any packet for this long is forgotten (its ranks are gone)."""
-    evict_after_s: float = 5.0
-    """With the table full, a new job may evict a job that never completed a block and was silent this long."""
-    poll_s: float = 0.05
-    """Longest wait on the socket, so a stop request is seen promptly."""
-    finished_jobs_kept: int = 256
-    """Counters of finished jobs kept for the exit summary."""
-    offload: bool = True
-    """Use UDP segmentation offload (GSO out, GRO in) where the kernel has it (`wire.batch_io`)."""
-
-    def validate(self) -> None:
-        if not 0 <= self.port < 65_536:
-            raise UsageError(f"--port must be 0..65535, got {self.port}")
 
 
 def keep_freed_memory() -> None:
@@ -84,9 +55,9 @@ def keep_freed_memory() -> None:
 class Switch:
     """A software aggregation switch serving several jobs at once."""
 
-    def __init__(self, config: SwitchConfig = SwitchConfig()) -> None:
+    def __init__(self, config: SwitchConfig | None = None) -> None:
         keep_freed_memory()
-        self.config = config
+        self.config = config = config or SwitchConfig()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER_BYTES)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, RECV_BUFFER_BYTES)

@@ -13,6 +13,7 @@ firewall in front of the port.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -96,8 +97,9 @@ class JobTable:
                     self.finish(job_id, "jobs_expired")
 
     def totals(self) -> dict[str, int]:
-        """The switch's counters and its number of live jobs (the STATS reply for job 0)."""
-        return {**self.counters, "jobs": len(self.jobs)}
+        """The switch's counters, its number of live jobs and the CPU time of its process (the STATS reply for
+        job 0)."""
+        return {**self.counters, "jobs": len(self.jobs), "cpu_us": int(time.process_time() * 1e6)}
 
     def job_counters(self) -> dict[int, dict[str, int]]:
         """Counters of every job, live and finished (a copy)."""

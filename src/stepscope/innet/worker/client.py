@@ -97,7 +97,7 @@ class InnetJob:
             raise
         settings = EngineSettings(
             job_id=cfg.job_id, rank=cfg.rank, world=cfg.world, values_per_packet=cfg.k, slots=cfg.slots,
-            window=cfg.window or cfg.slots, rto_s=None if cfg.rto_ms is None else cfg.rto_ms * 1e-3,
+            window=cfg.resolved_window, rto_s=None if cfg.rto_ms is None else cfg.rto_ms * 1e-3,
             rto_min_s=cfg.rto_min_ms * 1e-3, rto_max_s=cfg.rto_max_ms * 1e-3,
             backoff=cfg.backoff, timeout_s=cfg.timeout_s, sender_threads=cfg.sender_threads,
             stash_limit_bytes=cfg.stash_limit_bytes, faults=cfg.faults, offload=cfg.offload)

@@ -12,6 +12,10 @@ from stepscope.errors import UsageError
 from stepscope.innet.wire import protocol as p
 from stepscope.innet.worker.faults import FaultConfig
 
+WINDOW_BYTES = 4 << 20
+"""Default bound of one worker's datagrams in flight, the socket buffer it asks for (measured on 2 cores with
+16 KiB packets: 64 in flight took 1.7x longer than 256; 512 overflowed the buffers; docs/innet.md)."""
+
 
 @dataclass(frozen=True)
 class JobConfig:
@@ -33,7 +37,7 @@ class JobConfig:
     """Slot pool size s: packets in flight per job (two shadow versions each at the switch). Batched I/O needs
     deep windows: measured on 2 cores, 4 MiB per op at 1 KiB per packet took 7x longer with 64 (docs/innet.md)."""
     window: int | None = None
-    """Most packets outstanding at once on this worker; None = slots."""
+    """Most packets outstanding at once on this worker; None = slots, at most WINDOW_BYTES of datagrams."""
     sto_ms: float = 1.0
     """Straggler timeout in ms, rounded up to switch ticks of 65.536 us."""
     sto_ticks: int | None = None
@@ -68,6 +72,14 @@ class JobConfig:
     @property
     def k(self) -> int:
         return self.values_per_packet or p.VALUES_PER_PIPE * self.pipes
+
+    @property
+    def resolved_window(self) -> int:
+        """Packets in flight: `window`, or the slots, within WINDOW_BYTES (deeper queues overflow socket
+        buffers on loopback and come back as retransmissions)."""
+        if self.window is not None:
+            return self.window
+        return max(1, min(self.slots, WINDOW_BYTES // (p.HEADER_BYTES + 4 * self.k)))
 
     @property
     def resolved_sto_ticks(self) -> int:

@@ -46,12 +46,14 @@ class SendWindow:
 
     def answer(self, indices: np.ndarray, now: float) -> None:
         """Results for stream packets `indices` arrived: free their slots; one round-trip sample per batch, from
-        first transmissions only (Karn's rule: a retransmitted packet's round trip is ambiguous)."""
+        first transmissions only (Karn's rule: a retransmitted packet's round trip is ambiguous): the longest,
+        that of the packet that queued behind the rest of its window (a median sample made the timeout fire on
+        the deep end of every window)."""
         slots = indices % len(self.index)
         mine = slots[self.index[slots] == indices]
         once = mine[self.sends[mine] == 1]
         if len(once):
-            self.rto.sample(float(np.median(now - self.sent_at[once])))
+            self.rto.sample(float(np.max(now - self.sent_at[once])))
         self.index[mine] = -1
         self.deadline[mine] = np.inf
 
@@ -62,7 +64,8 @@ class SendWindow:
             self.sends[slots] += 1
             timeout = np.minimum(self.rto.base() * self.rto.backoff ** (self.sends[slots] - 1), self.rto.max_s)
             self.deadline[slots] = now + timeout
-            self.rows[slots, 22:24].view("<u2")[:, 0] |= p.RETRANSMIT
+            flags = self.rows[:, 22:24].view("<u2")[:, 0]  # a view of every row's flags field
+            flags[slots] |= p.RETRANSMIT
         return slots
 
     def next_deadline(self) -> float | None:
