@@ -1,13 +1,16 @@
 """In-network aggregation (SwitchML / straggler-aware "DPA" style) as real software, by role:
 
-- `wire`: the versioned packet format (`protocol`) and float32 <-> int32 quantization (`quantize`);
-- `switch`: the software switch (`server`: socket and job table; `job`: slots, versions, bitmaps, straggler
-  timers, counters) and the switch as a separate process (`process`: `run_switch`, `SwitchProcess`, `probe`);
-- `worker`: the all-reduce client (`client`, its settings `config`, `engine`, `stream`, `op`, `rto`), fault
-  injection (`faults`) and a DDP communication hook (`ddp_hook`, imports torch);
+- `wire`: the versioned packet format (`protocol`), float32 <-> int32 quantization (`quantize`), many datagrams
+  per system call (`batch_io` over `mmsg`: recvmmsg/sendmmsg, UDP segmentation offload);
+- `switch`: the software switch (`server`: socket, batches, `table` of jobs; `job`: slots, versions, bitmaps,
+  timers, counters as arrays; `aggregate`: a batch of contributions at once; `outbox`: what a batch sends), its
+  settings (`config`), the switch as processes (`process`: `run_switch`, `SwitchProcess`, `probe`; `shards`);
+- `worker`: the all-reduce client (`client`, its settings `config`, `engine`, `links`, `window`, `stream`, `op`,
+  `rto`), fault injection (`faults`) and a DDP communication hook (`ddp_hook`, imports torch);
 - `sim`: a discrete-event model of the protocol at line rate (`model`, `config`, `sweep`);
 - `runs`: the commands' library functions, each writing its own records: `bench`, `timeout_profile`, `train`
-  (started through `runner`), with `reference` (inputs every rank can regenerate, and the checks).
+  (started through `runner`), `switch_bench` (with its packet `generator`), with `reference` (inputs every rank
+  can regenerate, and the checks).
 
 Imports point down this list: wire <- switch, worker, sim <- runs.
 

@@ -57,6 +57,8 @@ class BenchConfig:
     """Complete blocks as soon as K contributions arrived."""
     gloo: bool = True
     """Also time gloo's all-reduce at the same world size."""
+    switch_shards: int = 1
+    """Processes of the switch started for the run (slot j on shard j mod shards); ignored with `switch`."""
     check: bool = False
     """Check every result against the local reference (else only the first of each cell)."""
     syscalls: bool = False
@@ -79,6 +81,8 @@ class BenchConfig:
             raise UsageError(f"-k must be 1..world ({self.world})")
         if self.batch < 1 or self.iters < 1 or self.warmup < 0:
             raise UsageError("--batch and --iters must be >= 1, --warmup >= 0")
+        if not 1 <= self.switch_shards <= 64:
+            raise UsageError("--switch-shards must be 1..64")
         if self.syscalls:
             from stepscope.distributed.launch.ranks import external_launch_env
 
@@ -260,7 +264,7 @@ def run_bench(config: BenchConfig, out: str | os.PathLike | None = None, *,
 
         strace = find_strace()
     config, store = start_run(config, out, switch, "innet-bench")
-    results = run_ranks(bench_rank, config, out, out=out, switch=switch, timeout_s=120)
+    results = run_ranks(bench_rank, config, out, out=out, switch=switch, timeout_s=120, shards=config.switch_shards)
     if results is None:
         return None
     outcome = BenchOutcome(config, results[0], None if store is None else store.path)

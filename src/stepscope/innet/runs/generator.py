@@ -108,7 +108,8 @@ class Generator:
                     pass
 
     def run(self, duration_s: float, rate_pps: float | None = None) -> GeneratorCounts:
-        """Send for `duration_s` (at most `rate_pps` packets per second over all ranks), counting results."""
+        """Send for `duration_s` (at most `rate_pps` packets per second over all ranks), then wait for the last
+        results; counts what was sent and answered."""
         counts = GeneratorCounts()
         got = np.zeros(self.shards, np.int64)  # results rank 0 received, per shard
         start = last_result = time.perf_counter()
@@ -132,9 +133,15 @@ class Generator:
                     counts.stalled = True
                     break
                 select.select(self.socks[:self.shards], [], [], 0.0005 if rate_pps else 0.002)
+        while not counts.stalled and int(got.sum()) < sent_here:  # every packet sent is answered before the end
+            if not self._receive(got, counts):
+                if time.perf_counter() - last_result > STALL_S:
+                    counts.stalled = True
+                select.select(self.socks[:self.shards], [], [], 0.002)
+            else:
+                last_result = time.perf_counter()
         counts.sent = sent_here * self.world
         counts.seconds = time.perf_counter() - start
-        self._receive(got, counts)  # what is already queued
         return counts
 
     def _send(self, count: int) -> None:

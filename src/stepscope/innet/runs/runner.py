@@ -90,22 +90,24 @@ def start_run(config: C, out: str | os.PathLike | None, switch: str | None, kind
 
 
 def run_ranks(rank_fn: Callable[..., Any], config: C, *args: Any, out: str | os.PathLike | None, switch: str | None,
-              timeout_s: float, job_MiB: int | None = None) -> list[Any] | None:
+              timeout_s: float, job_MiB: int | None = None, shards: int = 1) -> list[Any] | None:
     """`rank_fn(ctx, config, *args)` on `config.world` ranks, `config.job.switch` set to the run's switch;
     every rank's result (None on the ranks other than 0 under torchrun/Slurm). `job_MiB`: the memory the job
-    needs on a switch started for the run, when more than a switch allows a job by default."""
-    with _switch_for(switch, out, job_MiB) as address:
+    needs on a switch started for the run, when more than a switch allows a job by default; `shards`: switch
+    processes of a switch started for the run."""
+    with _switch_for(switch, out, job_MiB, shards) as address:
         run = replace(config, job=replace(config.job, switch=address))
         return launch(rank_fn, run, *args, config=LaunchConfig(world_size=config.world, threads=1, timeout_s=timeout_s))
 
 
 @contextmanager
-def _switch_for(switch: str | None, out: str | os.PathLike | None, job_MiB: int | None = None) -> Iterator[str]:
+def _switch_for(switch: str | None, out: str | os.PathLike | None, job_MiB: int | None = None,
+                shards: int = 1) -> Iterator[str]:
     """The named switch (checked by `start_run`), or a switch process for the run (its counters recorded in
     `out`, if given), stopped when the run ends however it ends."""
     if switch:
         yield switch
         return
-    extra = ("--max-job-mib", str(job_MiB)) if job_MiB else ()
+    extra = (*(("--max-job-mib", str(job_MiB)) if job_MiB else ()), "--shards", str(shards))
     with SwitchProcess(extra_args=extra, out_dir=None if out is None else str(out)) as process:
         yield process.address

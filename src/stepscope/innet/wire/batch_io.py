@@ -27,66 +27,32 @@ import errno
 import select
 import socket
 import struct
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-SOL_UDP = 17
-UDP_SEGMENT = 103  # linux/udp.h: send with this cmsg (u16 segment size) to have the kernel segment
-UDP_GRO = 104      # receive segment trains whole; a cmsg (int) gives the segment size
-MAX_SEGMENTS = 64  # UDP_MAX_SEGMENTS of older kernels (newer allow 128)
-MAX_UDP_PAYLOAD = 65_507  # one IPv4 packet: a GSO train's datagrams together
-MSG_DONTWAIT = 0x40
-PAD = 64  # bytes after a buffer's end: fixed-size reads of a short datagram's header never leave the buffer
+from stepscope.innet.wire.mmsg import (
+    CMSG_BYTES,
+    IOVEC,
+    LIBC,
+    MAX_SEGMENTS,
+    MAX_UDP_PAYLOAD,
+    MMSGHDR,
+    MSG_DONTWAIT,
+    PAD,
+    SOCKADDR_IN,
+    SOL_UDP,
+    UDP_GRO,
+    UDP_SEGMENT,
+    address_key,
+    key_address,
+    raise_errno,
+    set_option,
+    sockaddr,
+)
 
-_MMSGHDR = np.dtype([("name", "<u8"), ("namelen", "<u4"), ("_p0", "<u4"), ("iov", "<u8"), ("iovlen", "<u8"),
-                     ("control", "<u8"), ("controllen", "<u8"), ("flags", "<i4"), ("_p1", "<u4"),
-                     ("len", "<u4"), ("_p2", "<u4")])  # struct mmsghdr on LP64 Linux (x86-64, arm64)
-_IOVEC = np.dtype([("base", "<u8"), ("len", "<u8")])
-_CMSG_BYTES = 24  # CMSG_SPACE(sizeof(u16)) == CMSG_SPACE(sizeof(int)) on LP64
-_SOCKADDR_IN = 16
-
-
-def _libc() -> Any:
-    if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        for name in ("recvmmsg", "sendmmsg"):
-            function = getattr(libc, name)
-            function.restype = ctypes.c_int
-        libc.recvmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
-        libc.sendmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-LIBC = _libc()
-"""libc with recvmmsg/sendmmsg, or None (the classes fall back to one datagram per call)."""
-
-
-def address_key(host: str, port: int) -> int:
-    """An IPv4 address as one integer (address << 16 | port): compared for whole batches at once."""
-    return (int.from_bytes(socket.inet_aton(host), "big") << 16) | port
-
-
-def key_address(key: int) -> tuple[str, int]:
-    return socket.inet_ntoa(int(key >> 16).to_bytes(4, "big")), int(key & 0xFFFF)
-
-
-def _sockaddr(key: int) -> bytes:
-    host, port = key_address(key)
-    return struct.pack("<H", socket.AF_INET) + struct.pack(">H", port) + socket.inet_aton(host) + bytes(8)
-
-
-def _raise_errno(code: int) -> None:
-    if code == errno.ECONNREFUSED:
-        raise ConnectionRefusedError(code, "Connection refused")
-    raise OSError(code, errno.errorcode.get(code, "error"))
-
+__all__ = ["PAD", "MAX_SEGMENTS", "Datagrams", "Receiver", "Sender", "address_key", "key_address"]
 
 @dataclass
 class Datagrams:
@@ -116,22 +82,22 @@ class Receiver:
                  sources: bool = False, gro: bool = True) -> None:
         self.sock, self.messages, self.message_bytes = sock, messages, message_bytes
         self.buffer = np.zeros(messages * message_bytes + PAD, np.uint8)
-        self.gro = gro and LIBC is not None and _set_option(sock, UDP_GRO)
+        self.gro = gro and LIBC is not None and set_option(sock, UDP_GRO)
         self.sources = sources
         self._bases = np.arange(messages, dtype=np.int64) * message_bytes
         if LIBC is None:
             return
-        self._iov = np.zeros(messages, _IOVEC)
+        self._iov = np.zeros(messages, IOVEC)
         self._iov["base"] = self.buffer.ctypes.data + self._bases
         self._iov["len"] = message_bytes
-        self._msgs = np.zeros(messages, _MMSGHDR)
-        self._msgs["iov"] = self._iov.ctypes.data + np.arange(messages) * _IOVEC.itemsize
+        self._msgs = np.zeros(messages, MMSGHDR)
+        self._msgs["iov"] = self._iov.ctypes.data + np.arange(messages) * IOVEC.itemsize
         self._msgs["iovlen"] = 1
-        self._control = np.zeros((messages, _CMSG_BYTES), np.uint8)
-        self._msgs["control"] = self._control.ctypes.data + np.arange(messages) * _CMSG_BYTES
-        self._names = np.zeros((messages, _SOCKADDR_IN), np.uint8)
+        self._control = np.zeros((messages, CMSG_BYTES), np.uint8)
+        self._msgs["control"] = self._control.ctypes.data + np.arange(messages) * CMSG_BYTES
+        self._names = np.zeros((messages, SOCKADDR_IN), np.uint8)
         if sources:
-            self._msgs["name"] = self._names.ctypes.data + np.arange(messages) * _SOCKADDR_IN
+            self._msgs["name"] = self._names.ctypes.data + np.arange(messages) * SOCKADDR_IN
 
     def receive(self) -> Datagrams:
         """Whatever is queued now, up to `messages` messages (none: an empty batch); never blocks.
@@ -139,16 +105,16 @@ class Receiver:
         if LIBC is None:
             return self._receive_one_by_one()
         msgs = self._msgs
-        msgs["controllen"] = _CMSG_BYTES if self.gro else 0  # the kernel overwrites both per call
+        msgs["controllen"] = CMSG_BYTES if self.gro else 0  # the kernel overwrites both per call
         if self.sources:
-            msgs["namelen"] = _SOCKADDR_IN
+            msgs["namelen"] = SOCKADDR_IN
         count = LIBC.recvmmsg(self.sock.fileno(), msgs.ctypes.data, self.messages, MSG_DONTWAIT, None)
         if count < 0:
             code = ctypes.get_errno()
             if code in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
                 count = 0
             else:
-                _raise_errno(code)
+                raise_errno(code)
         got = msgs[:count]
         lengths = got["len"].astype(np.int64)
         segment = lengths.copy()
@@ -206,11 +172,11 @@ class Sender:
         self._n = 0
         self._keep: list[Any] = []  # bytes queued by `add_bytes`, alive until sent
         self._book: dict[int, int] = {}  # address key -> row of `_names`
-        self._names = np.zeros((16, _SOCKADDR_IN), np.uint8)
+        self._names = np.zeros((16, SOCKADDR_IN), np.uint8)
         if LIBC is not None:
-            self._iov = np.zeros(capacity, _IOVEC)
-            self._msgs = np.zeros(capacity, _MMSGHDR)
-            self._control = np.zeros((capacity, _CMSG_BYTES), np.uint8)
+            self._iov = np.zeros(capacity, IOVEC)
+            self._msgs = np.zeros(capacity, MMSGHDR)
+            self._control = np.zeros((capacity, CMSG_BYTES), np.uint8)
             header = np.frombuffer(struct.pack("<Qii", 18, SOL_UDP, UDP_SEGMENT), np.uint8)  # CMSG_LEN(2)
             self._control[:, :16] = header
         self.sent = 0
@@ -226,7 +192,7 @@ class Sender:
             index = self._book[key] = len(self._book)
             if index >= len(self._names):
                 self._names = np.concatenate([self._names, np.zeros_like(self._names)])
-            self._names[index] = np.frombuffer(_sockaddr(key), np.uint8)
+            self._names[index] = np.frombuffer(sockaddr(key), np.uint8)
         return index
 
     def add(self, pointers: np.ndarray, lengths: np.ndarray, destinations: np.ndarray | int = -1) -> None:
@@ -279,15 +245,15 @@ class Sender:
         iov["base"] = ptr
         iov["len"] = length
         msgs = self._msgs[:len(starts)]
-        msgs["iov"] = self._iov.ctypes.data + starts * _IOVEC.itemsize
+        msgs["iov"] = self._iov.ctypes.data + starts * IOVEC.itemsize
         msgs["iovlen"] = counts
         train = counts > 1
-        msgs["control"] = np.where(train, self._control.ctypes.data + np.arange(len(starts)) * _CMSG_BYTES, 0)
-        msgs["controllen"] = np.where(train, _CMSG_BYTES, 0)
+        msgs["control"] = np.where(train, self._control.ctypes.data + np.arange(len(starts)) * CMSG_BYTES, 0)
+        msgs["controllen"] = np.where(train, CMSG_BYTES, 0)
         self._control[:len(starts), 16:18].view("<u2")[:, 0] = length[starts]
         to = dest[starts]
-        msgs["name"] = np.where(to >= 0, self._names.ctypes.data + np.maximum(to, 0) * _SOCKADDR_IN, 0)
-        msgs["namelen"] = np.where(to >= 0, _SOCKADDR_IN, 0)
+        msgs["name"] = np.where(to >= 0, self._names.ctypes.data + np.maximum(to, 0) * SOCKADDR_IN, 0)
+        msgs["namelen"] = np.where(to >= 0, SOCKADDR_IN, 0)
         done, sent = 0, 0
         while done < len(starts):
             result = LIBC.sendmmsg(self.sock.fileno(), msgs[done:].ctypes.data, len(starts) - done, MSG_DONTWAIT)
@@ -308,7 +274,7 @@ class Sender:
                 self._ptr[:left], self._len[:left], self._dest[:left] = ptr[rest], length[rest], dest[rest]
                 return sent + self._send(left)
             if code == errno.ECONNREFUSED:
-                _raise_errno(code)
+                raise_errno(code)
             self.dropped += int(counts[done])  # this message cannot go now: dropped, the next ones are tried
             done += 1
         self.sent += sent
@@ -344,11 +310,3 @@ class Sender:
                 self.dropped += 1
         self.sent += sent
         return sent
-
-
-def _set_option(sock: socket.socket, option: int) -> bool:
-    try:
-        sock.setsockopt(SOL_UDP, option, 1)
-        return True
-    except OSError:
-        return False

@@ -25,7 +25,8 @@ import numpy as np
 
 from stepscope.innet.wire import batch_io
 from stepscope.innet.wire import protocol as p
-from stepscope.innet.worker.faults import FaultConfig, FaultInjector
+from stepscope.innet.worker.faults import FaultConfig
+from stepscope.innet.worker.links import Links, as_batch
 from stepscope.innet.worker.op import Op
 from stepscope.innet.worker.rto import RetransmitTimeout
 from stepscope.innet.worker.stream import InnetError, Stream, WorkerCounters
@@ -70,13 +71,8 @@ class Engine:
         self.counters = WorkerCounters()
         self.rto = RetransmitTimeout(settings.rto_s, settings.rto_min_s, settings.rto_max_s, settings.backoff)
         self.window = SendWindow(settings.slots, settings.values_per_packet, self.rto)
-        self.receivers = [batch_io.Receiver(sock, gro=settings.offload) for sock in socks]
-        self.senders = [batch_io.Sender(sock, gso=settings.offload) for sock in socks]
-        self.faulty = settings.faults.network  # without injected faults the sockets are used directly
-        self._up: list[bytes] = []  # what the fault injector lets through, per direction
-        self._down: list[bytes] = []
-        self.faults = FaultInjector(settings.faults, settings.rank, self._up.append, self._down.append)
-        self._fault_lock = threading.Lock()
+        self.links = Links(socks, settings.rank, settings.faults, settings.offload, self._refused)
+        self.faults = self.links.faults
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -85,7 +81,7 @@ class Engine:
         self.stats_event = threading.Event()
         self._stats_request = 0  # id of the newest counters request (the op field; keep-alives send 0)
         self.waiting_for: list[int] = []
-        self.last_heard = self.last_progress = self.last_sent = time.monotonic()
+        self.last_heard = self.last_progress = time.monotonic()
         self.fatal: InnetError | None = None
         self._closing = False
         self._send_queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -164,16 +160,17 @@ class Engine:
                         pass
                 for link, sock in enumerate(self.socks):
                     if sock in readable:
-                        self._drain(link)
+                        for batch in self.links.receive(link):
+                            self.last_heard = time.monotonic()
+                            self._on_batch(batch)
                 now = time.monotonic()
-                if self.faulty:
-                    with self._fault_lock:
-                        self.faults.flush(now)
-                    self._forward_faulty()
+                if self.links.faulty:
+                    for batch in self.links.released(now):
+                        self._on_batch(batch)
                 self._retransmit(now)
                 self._watchdog(now)
-                if now - self.last_sent > KEEPALIVE_S:
-                    self._control(p.pack(p.STATS, self.cfg.job_id, 0, 0, 0, self.cfg.rank, self.cfg.world, 0))
+                if now - self.links.last_sent > KEEPALIVE_S:
+                    self.links.control(p.pack(p.STATS, self.cfg.job_id, 0, 0, 0, self.cfg.rank, self.cfg.world, 0))
         except BaseException as error:  # noqa: BLE001 - every failure must reach the waiting callers
             self.fatal = error if isinstance(error, InnetError) else InnetError(f"innet worker failed: {error!r}")
         else:  # closed: an op still in flight can never finish, so its waiter must not sit out its timeout
@@ -198,7 +195,7 @@ class Engine:
         deadline = self.window.next_deadline()
         if deadline is not None:
             wait = min(wait, max(0.0, deadline - now))
-        release = self.faults.next_release() if self.faulty else None
+        release = self.links.next_release()
         if release is not None:
             wait = min(wait, max(0.0, release - now))
         return wait
@@ -211,8 +208,8 @@ class Engine:
                 return
             if kind == "stats":
                 request, link = item
-                self._control(p.pack(p.STATS, self.cfg.job_id, request, 0, 0, self.cfg.rank, self.cfg.world, 0),
-                              link)
+                self.links.control(p.pack(p.STATS, self.cfg.job_id, request, 0, 0, self.cfg.rank, self.cfg.world,
+                                          0), link)
                 continue
             self.stream.admit(item, self._apply_stashed)
             self.last_progress = time.monotonic()
@@ -237,10 +234,10 @@ class Engine:
         window = self.window
         lengths = op.build_into(q, window.rows, slots, (op.base + q) // self.s % 2, self.cfg.job_id, self.cfg.rank)
         window.mark_built(slots, lengths)
-        self._send_slots(slots, senders)
+        self.links.send_rows(window, slots, senders)
 
     def _sender_loop(self) -> None:
-        senders = [batch_io.Sender(sock, gso=self.cfg.offload) for sock in self.socks]  # one queue per thread
+        senders = self.links.senders_for_thread()
         while True:
             item = self._send_queue.get()
             if item is None:
@@ -251,74 +248,8 @@ class Engine:
             except Exception as error:  # noqa: BLE001 - reported through the op
                 op.finish(InnetError(f"building a packet failed: {error!r}"))
 
-    def _send_slots(self, slots: np.ndarray, senders: list | None = None) -> None:
-        """Send the datagrams in the window rows of `slots`, each on its slot's shard."""
-        pointers, lengths = self.window.pointers(slots)
-        senders = senders or self.senders
-        if self.faulty:
-            with self._fault_lock:
-                for length, slot in zip(lengths.tolist(), slots.tolist(), strict=True):
-                    self._up.clear()
-                    self.faults.send(bytes(self.window.rows[slot, :length]))
-                    self._raw_send(self._up, senders)
-                self._up.clear()
-            return
-        shards = len(senders)
-        for link, sender in enumerate(senders):
-            mine = slice(None) if shards == 1 else (slots % shards == link)
-            sender.add(pointers[mine], lengths[mine])
-            self._flush(sender)
-
-    def _flush(self, sender: batch_io.Sender) -> None:
-        self.last_sent = time.monotonic()
-        try:
-            sender.flush()  # a full socket buffer loses packets: the retransmission timers recover them
-        except ConnectionRefusedError:
-            raise self._refused() from None
-
-    def _raw_send(self, datagrams: list[bytes], senders: list | None = None) -> None:
-        """Datagrams held as bytes (through the fault injector): a DATA packet to its slot's shard."""
-        senders = senders or self.senders
-        for data in datagrams:
-            shard = int.from_bytes(data[16:18], "little") % len(senders) if data[3] == p.DATA else 0
-            senders[shard].add_bytes(data)
-        for sender in senders:
-            if len(sender):
-                self._flush(sender)
-
-    def _control(self, datagram: bytes, link: int = 0) -> None:
-        """A control message (counters request, keep-alive) to shard `link`, around the fault injector."""
-        self.senders[link].add_bytes(datagram)
-        self._flush(self.senders[link])
-
     def _refused(self) -> InnetError:
         return InnetError(self._unreachable("refused the packets (nothing listens on that port)"))
-
-    def _drain(self, link: int) -> None:
-        for _ in range(64):
-            try:
-                batch = self.receivers[link].receive()
-            except ConnectionRefusedError:
-                raise self._refused() from None
-            if not len(batch):
-                return
-            self.last_heard = time.monotonic()
-            if not self.faulty:
-                self._on_batch(batch)
-                continue
-            with self._fault_lock:
-                for i in range(len(batch)):
-                    self.faults.receive(batch.datagram(i))
-            self._forward_faulty()
-
-    def _forward_faulty(self) -> None:
-        """Hand on what the fault injector released (held datagrams come out later)."""
-        if self._up:
-            up, self._up[:] = list(self._up), []
-            self._raw_send(up)
-        if self._down:
-            down, self._down[:] = list(self._down), []
-            self._on_batch(_as_batch(down))
 
     # ---- packets from the switch ----------------------------------------------------------------------
     def _on_batch(self, batch: batch_io.Datagrams) -> None:
@@ -344,7 +275,7 @@ class Engine:
             self.window.answer(indices, self.last_progress)
 
     def _apply_stashed(self, datagrams: list[bytes]) -> None:
-        self._on_batch(_as_batch(datagrams))
+        self._on_batch(as_batch(datagrams))
 
     def _on_control(self, data: bytes) -> None:
         h = p.unpack(data)
@@ -361,7 +292,7 @@ class Engine:
         slots = self.window.due(now)
         if len(slots):
             self.counters.retransmitted += len(slots)
-            self._send_slots(slots)
+            self.links.send_rows(self.window, slots)
 
     def _watchdog(self, now: float) -> None:
         if not self.stream.ops or now - self.last_progress <= self.cfg.timeout_s:
@@ -382,12 +313,3 @@ class Engine:
             return True
         except OSError:
             return False
-
-
-def _as_batch(datagrams: list[bytes]) -> batch_io.Datagrams:
-    """Datagrams held as bytes (through the fault injector, or stashed) as one batch."""
-    lengths = np.array([len(d) for d in datagrams], np.int64)
-    offsets = np.cumsum(lengths) - lengths
-    buffer = np.zeros(int(lengths.sum()) + batch_io.PAD, np.uint8)
-    buffer[:int(lengths.sum())] = np.frombuffer(b"".join(datagrams), np.uint8)
-    return batch_io.Datagrams(buffer, offsets, lengths)
