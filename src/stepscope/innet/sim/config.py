@@ -10,6 +10,12 @@ from stepscope.errors import UsageError
 from stepscope.innet.wire.protocol import VALUES_PER_PIPE, sto_ticks_from_ms
 
 WORKLOADS = ("one", "waited", "batch")
+EMULATOR_SWITCH_MPPS = 0.5
+"""`stepscope innet switch-bench --payload 1K` on this project's 2-core AMD EPYC VM (one switch core, 2 ranks,
+GSO/GRO, other agents sharing the cores): about 0.5 M packets in + out per CPU-second (docs/innet.md)."""
+EMULATOR_WORKER_MPPS = 0.2
+"""`stepscope innet bench --world 2 --sizes 4M` (1 KiB packets) on the same machine: a worker spends about 5 us of
+CPU per packet it sends and per result it takes, quantization included (docs/innet.md)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,13 @@ class SimConfig:
     """fixed or exp (exponential with mean straggler_ms)."""
     straggler_steps: tuple[int, int] | None = None
     """Inclusive range of ops (0-based, in issue order) where stragglers may straggle; None = every op."""
+    switch_mpps: float | None = None
+    """Packets (in + out) per second, in millions, the switch handles; None: line rate (a Tofino). Every
+    contribution costs the switch its own receive and its share of the multicast (as many results go out as
+    contributions came in). EMULATOR_SWITCH_MPPS: `stepscope innet switch` measured on this project's machine."""
+    worker_mpps: float | None = None
+    """Packets (sent + received) per second, in millions, a worker's host handles; None: line rate.
+    EMULATOR_WORKER_MPPS: the emulator's worker measured on this project's machine."""
     seed: int = 0
     """Random seed."""
 
@@ -109,6 +122,8 @@ class SimConfig:
             (self.straggler_dist in ("fixed", "exp"), "--straggler dist must be fixed or exp"),
             (self.straggler_steps is None or 0 <= self.straggler_steps[0] <= self.straggler_steps[1],
              "--straggler steps must be N or A-B with 0 <= A <= B"),
+            (all(rate is None or 0 < rate < math.inf for rate in (self.switch_mpps, self.worker_mpps)),
+             "--switch-mpps and --worker-mpps must be positive"),
         ]
         for ok, message in checks:
             if not ok:

@@ -9,6 +9,10 @@ exponent) lies at least L packets back, so a whole segment (n workers x L packet
 with numpy: ready times, NIC serialization (a running max), arrivals, completion per block (sorted
 arrivals: first, K-th, last vs the timer), multicast delivery, retransmission and duplicate counts.
 
+With `switch_mpps` / `worker_mpps` (a software switch or host: measured packet rates) the switch processes the
+contributions one at a time in arrival order, each costing its receive and its share of the results sent, and a
+worker's host spends its per-packet time before the wire (the slower of the two paces it).
+
 Approximations (stated; the counters are checked against the emulator on small cases): a link sends in
 order of readiness within a segment; retransmissions do not occupy the link; a late worker that already
 has a block's result skips it (as the emulator's worker does), and the link time it frees is given back
@@ -102,6 +106,10 @@ class _Model:
         self.results = np.full((self.n, self.s), -np.inf)  # result arrival per worker, ring by stream index
         self.nic_free = np.zeros(self.n)
         self.down_free = np.zeros(self.n)
+        self.switch_free = np.zeros(1)  # the switch's packet processor (with a finite packet rate)
+        # seconds of host or switch time per packet (0: line rate); a packet in brings a result out: twice
+        self.worker_s = 2e-6 / c.worker_mpps if c.worker_mpps else 0.0
+        self.switch_s = 2e-6 / c.switch_mpps if c.switch_mpps else 0.0
         self.counters = {name: 0 for name in ("ok", "to", "kr", "re", "dup", "old")}
         self.stream = 0
         self.packets = 0
@@ -181,7 +189,7 @@ class _Model:
             values = np.where(q == prologue + blocks - 1, last_value_count, values)
         tx = (HEADER_BYTES + WIRE_OVERHEAD_BYTES + 4 * values) * self.byte_s
         # ---- the host and NIC: in ready order; a host stall (natural skew) holds back what follows --------
-        occupy = np.broadcast_to(tx, (n, width))
+        occupy = np.broadcast_to(np.maximum(tx, self.worker_s), (n, width))  # host or wire: the slower
         if c.stall_prob:
             stalls = rng.random((n, width)) < c.stall_prob
             if stalls.any():
@@ -193,6 +201,10 @@ class _Model:
         failures = self._failures((n, width), 1 - c.loss)
         first_arrival = (send + self.attempt_offsets[failures] + tx[None, :] + self.one_way_s
                          + self._jitter((n, width)))
+        if self.switch_s:  # one packet processor for all workers, in arrival order
+            handled, self.switch_free = _serialize(first_arrival.reshape(1, -1),
+                                                   np.full((1, n * width), self.switch_s), self.switch_free)
+            first_arrival = handled.reshape(n, width) + self.switch_s
         # ---- the switch: all, or K after the timer (from the first contribution), or K preemptively --------
         ordered = np.sort(first_arrival, axis=0)
         t_first, t_last, t_k = ordered[0], ordered[-1], ordered[c.min_count - 1]
