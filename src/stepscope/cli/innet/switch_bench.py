@@ -44,6 +44,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     option("--duration-s", "measured seconds per point and repeat")
     option("--warmup-s", "unmeasured seconds before each measurement")
     option("--repeats", "interleaved repeats per point (medians are recorded)")
+    parser.add_argument("--switch", default=None, metavar="HOST:PORT",
+                        help="drive this running switch (shards: HOST:PORT,HOST:PORT) instead of starting one")
     add_output_options(parser, resume=False)
 
 
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         duration_s=one_value(args.duration_s, positive_float, "--duration-s"),
         warmup_s=one_value(args.warmup_s, non_negative_float, "--warmup-s"),
         repeats=one_value(args.repeats, positive_int, "--repeats"))
-    outcome = run_switch_bench(config, args.out)
+    outcome = run_switch_bench(config, args.out, switch=args.switch)
     printer = Printer(args.format)
     printer.emit(outcome.rows, title=f"innet switch-bench: medians of {config.repeats} interleaved repeat(s) of "
                  f"{config.duration_s:g} s", columns=COLUMNS)

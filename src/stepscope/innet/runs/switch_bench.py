@@ -89,10 +89,14 @@ class SwitchBenchOutcome:
     records: Path | None
 
 
-def run_switch_bench(config: SwitchBenchConfig, out: str | os.PathLike | None = None) -> SwitchBenchOutcome:
+def run_switch_bench(config: SwitchBenchConfig, out: str | os.PathLike | None = None, *,
+                     switch: str | None = None) -> SwitchBenchOutcome:
     """Measure every point of `config` (see the module docstring); one record per point in
-    `<out>/innet-switch.jsonl` (None: none)."""
+    `<out>/innet-switch.jsonl` (None: none). `switch`: drive that running switch (host:port, shards as a comma
+    list) instead of starting one; its shards, offload and cores are its own (its CPU time if it reports it)."""
     config.validate()
+    if switch:
+        probe(switch)  # a wrong address is bad input, before anything runs
     store = RecordStore(out, "innet-switch").check_writable() if out is not None else None
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     samples: dict[int, list[dict[str, Any]]] = {}
@@ -100,6 +104,9 @@ def run_switch_bench(config: SwitchBenchConfig, out: str | os.PathLike | None = 
     with ExitStack() as stack:
         switches = {}
         for shards, offload in sorted({(pt["shards"], pt["offload"]) for pt in points}):
+            if switch:
+                switches[(shards, offload)] = (_Running(switch), [])
+                continue
             switch_cores = cores[:shards] if len(cores) > shards else []
             extra = ("--shards", str(shards), *(("--cpus", ",".join(map(str, switch_cores))) if switch_cores
                                                  else ()), *(() if offload else ("--no-offload",)))
@@ -115,9 +122,16 @@ def run_switch_bench(config: SwitchBenchConfig, out: str | os.PathLike | None = 
         metrics = _medians(samples[number])
         rows.append({**point, **metrics})
         if store is not None:
-            store.append(make_record("innet-switch", {"record": "bench", **point, **_settings(config)}, metrics,
-                                     env=env))
+            store.append(make_record("innet-switch", {"record": "bench", **point, **_settings(config),
+                                                      "switch": switch}, metrics, env=env))
     return SwitchBenchOutcome(rows, None if store is None else store.path)
+
+
+@dataclass
+class _Running:
+    """A switch this run did not start."""
+
+    address: str
 
 
 def _settings(config: SwitchBenchConfig) -> dict[str, Any]:
@@ -147,11 +161,12 @@ def _measure(config: SwitchBenchConfig, point: dict[str, Any], address: str, cor
     seconds = counts.seconds
     # less the counters requests themselves: the last one is counted in, the first one's answer out
     rx, tx = end["rx"] - start["rx"] - len(addresses), end["tx"] - start["tx"] - len(addresses)
-    cpu_s = (end["cpu_us"] - start["cpu_us"]) * 1e-6
+    cpu_s = (end["cpu_us"] - start["cpu_us"]) * 1e-6 if "cpu_us" in end else None  # older switches: not said
     return {"in_packets": rx, "out_packets": tx, "sent": counts.sent, "results": counts.results,
             "seconds": seconds, "in_pps": rx / seconds, "out_pps": tx / seconds, "total_pps": (rx + tx) / seconds,
             "total_Gbps": (rx + tx) * datagram * 8 / seconds / 1e9, "switch_cpu_s": cpu_s,
-            "switch_cores": cpu_s / seconds, "total_pps_per_core": (rx + tx) / cpu_s if cpu_s > 0 else None,
+            "switch_cores": cpu_s / seconds if cpu_s is not None else None,
+            "total_pps_per_core": (rx + tx) / cpu_s if cpu_s else None,
             "tx_dropped": end["tx_dropped"] - start["tx_dropped"], "bad": end["bad"] - start["bad"],
             "wrong": counts.wrong, "stalled": int(counts.stalled)}
 
