@@ -13,8 +13,9 @@ from stepscope.innet.wire import protocol as p
 from stepscope.innet.worker.faults import FaultConfig
 
 WINDOW_BYTES = 4 << 20
-"""Default bound of one worker's datagrams in flight, the socket buffer it asks for (measured on 2 cores with
-16 KiB packets: 64 in flight took 1.7x longer than 256; 512 overflowed the buffers; docs/innet.md)."""
+"""Default bound of one worker's datagrams in flight, the socket buffer it asks for (on 2 cores with 16 KiB
+packets, one run each: 64 in flight took 159 ms per 4 MiB op, 256 took 94 ms; 512 overflowed the buffers and
+retransmitted half of the packets)."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class JobConfig:
     """k, values per packet; None = 64 x pipes (emulation may use more, up to 16368)."""
     slots: int = 512
     """Slot pool size s: packets in flight per job (two shadow versions each at the switch). Batched I/O needs
-    deep windows: measured on 2 cores, 4 MiB per op at 1 KiB per packet took 7x longer with 64 (docs/innet.md)."""
+    deep windows: on 2 cores, 4 MiB per op at 1 KiB per packet took 892 ms with 64 slots, 248 ms with 512
+    (one session, docs/innet.md)."""
     window: int | None = None
     """Most packets outstanding at once on this worker; None = slots, at most WINDOW_BYTES of datagrams."""
     sto_ms: float = 1.0
