@@ -50,14 +50,14 @@ _API: dict[str, str | tuple[str, str]] = {
     "TraceConfig": "stepscope.traces.config", "run_trace": "stepscope.traces.run",
     "run_trace_tally": "stepscope.traces.tally",
     # in-network aggregation (`stepscope innet ...`): the innet names say so, as `ProfileConfig` is taken
-    "InnetBenchConfig": ("stepscope.innet.bench", "BenchConfig"),
-    "run_innet_bench": ("stepscope.innet.bench", "run_bench"),
-    "InnetTrainConfig": ("stepscope.innet.train", "TrainConfig"),
-    "run_innet_train": ("stepscope.innet.train", "run_train"),
-    "InnetProfileConfig": ("stepscope.innet.timeout_profile", "ProfileConfig"),
-    "run_innet_timeout_profile": ("stepscope.innet.timeout_profile", "run_profile"),
-    "SimConfig": "stepscope.innet.simulator", "run_innet_simulate": ("stepscope.innet.sim_sweep", "run_simulate"),
-    "SwitchConfig": "stepscope.innet.switch",
+    "InnetBenchConfig": ("stepscope.innet.runs.bench", "BenchConfig"),
+    "run_innet_bench": ("stepscope.innet.runs.bench", "run_bench"),
+    "InnetTrainConfig": ("stepscope.innet.runs.train", "TrainConfig"),
+    "run_innet_train": ("stepscope.innet.runs.train", "run_train"),
+    "InnetProfileConfig": ("stepscope.innet.runs.timeout_profile", "ProfileConfig"),
+    "run_innet_timeout_profile": ("stepscope.innet.runs.timeout_profile", "run_profile"),
+    "SimConfig": "stepscope.innet.sim.config", "run_innet_simulate": ("stepscope.innet.sim.sweep", "run_simulate"),
+    "SwitchConfig": "stepscope.innet.switch.config",
     # report: one HTML page of a study
     "build_report": ("stepscope.report", "build"), "write_report": "stepscope.report",
 }

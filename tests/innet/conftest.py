@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from stepscope.innet.job_config import JobConfig
-from stepscope.innet.switch import Switch, SwitchConfig
-from stepscope.innet.worker import InnetJob
+from stepscope.innet.switch.config import SwitchConfig
+from stepscope.innet.switch.server import Switch
+from stepscope.innet.worker.client import InnetJob
+from stepscope.innet.worker.config import JobConfig
 
 
 @pytest.fixture

@@ -148,3 +148,27 @@ def test_train_takes_fastest_k_as_numbers_or_relative_to_world():
         ks("world-4")
     with pytest.raises(UsageError):
         ks("everyone")
+
+
+def test_switch_bench_drives_a_sharded_switch_and_counts_every_packet(cli, tmp_path):
+    code, out, err = cli("innet", "switch-bench", "--payload", "64,1K", "--world", "3", "--shards", "1,2",
+                         "--duration-s", "0.2", "--warmup-s", "0", "--repeats", "1", "--out", tmp_path)
+    assert code == 0, err
+    assert "total_pps" in out and "total_Gbps" in out
+    records = [r for r in read_records(tmp_path / "innet-switch.jsonl") if r["config"].get("record") == "bench"]
+    assert sorted((r["config"]["payload_bytes"], r["config"]["shards"]) for r in records) == [
+        (64, 1), (64, 2), (1024, 1), (1024, 2)]
+    for record in records:
+        m = record["metrics"]
+        assert m["wrong"] == 0 and m["stalled"] == 0 and m["sent"] > 0
+        assert m["in_packets"] == m["sent"]  # every packet the generator sent reached the switch, and
+        assert m["out_packets"] == 3 * m["results"]  # each result went to the 3 ranks (rank 0 counts them)
+        assert m["results"] == m["sent"] // 3  # every block completed
+        datagram = 32 + record["config"]["payload_bytes"]
+        assert m["total_Gbps"] == pytest.approx((m["in_pps"] + m["out_pps"]) * datagram * 8 / 1e9)
+
+
+def test_switch_bench_refuses_bad_payloads(cli, tmp_path):
+    code, _, err = cli("innet", "switch-bench", "--payload", "6", "--out", tmp_path)
+    assert code == 2 and "--payload" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "innet-switch.jsonl").exists()

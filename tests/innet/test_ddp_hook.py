@@ -3,7 +3,7 @@ process, torch DDP and DDPBucketed."""
 
 
 from stepscope.distributed.launch.launcher import LaunchConfig, launch
-from stepscope.innet.switch_process import SwitchProcess
+from stepscope.innet.switch.process import SwitchProcess
 
 STEPS = 3
 
@@ -28,9 +28,9 @@ def ddp_rank(ctx, switch_address, job_ids):
     from torch.nn.parallel import DistributedDataParallel
 
     from stepscope.distributed.data_parallel import DDPBucketed
-    from stepscope.innet.ddp_hook import InnetHookState, innet_hook
-    from stepscope.innet.job_config import JobConfig
-    from stepscope.innet.worker import InnetJob
+    from stepscope.innet.worker.client import InnetJob
+    from stepscope.innet.worker.config import JobConfig
+    from stepscope.innet.worker.ddp_hook import InnetHookState, innet_hook
     from stepscope.nn import TransformerLM
     from stepscope.spec import get_preset
 

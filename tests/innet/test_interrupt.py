@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stepscope.innet import protocol as p
+from stepscope.innet.wire import protocol as p
 from stepscope.results.store import read_records
 from tests.conftest import STEPSCOPE, subprocess_env
 
@@ -111,7 +111,7 @@ def test_ctrl_c_reaches_the_command_not_its_helper_switch(tmp_path):
 
 HOLDER = """
 import signal, sys, time
-from stepscope.innet.switch_process import SwitchProcess
+from stepscope.innet.switch.process import SwitchProcess
 signal.signal(signal.SIGINT, lambda *_: print("interrupted", flush=True))  # the command survives Ctrl-C too
 with SwitchProcess() as switch:
     print(switch.process.pid, switch.address, flush=True)
@@ -120,7 +120,7 @@ with SwitchProcess() as switch:
 
 
 def test_a_helper_switch_ignores_the_terminals_ctrl_c_and_never_outlives_its_command():
-    from stepscope.innet.switch_process import probe
+    from stepscope.innet.switch.process import probe
 
     holder = subprocess.Popen([STEPSCOPE[0], "-c", HOLDER], stdout=subprocess.PIPE, text=True,
                               env=subprocess_env(), start_new_session=True)

@@ -3,8 +3,15 @@
 import numpy as np
 import pytest
 
-from stepscope.innet import protocol as p
-from stepscope.innet.quantize import INT32_MAX, QuantizationError, block_exponents, dequantize, error_bound, quantize
+from stepscope.innet.wire import protocol as p
+from stepscope.innet.wire.quantize import (
+    INT32_MAX,
+    QuantizationError,
+    block_exponents,
+    dequantize,
+    error_bound,
+    quantize,
+)
 
 
 def test_header_is_32_bytes_and_round_trips():
@@ -77,7 +84,7 @@ def test_exponents_and_non_finite_values():
 
 
 def test_a_block_sent_with_an_exponent_agreed_without_this_rank_is_counted_as_clipped():
-    from stepscope.innet.worker_op import Op
+    from stepscope.innet.worker.op import Op
 
     values = np.full(8, 1000.0, dtype=np.float32)  # exponent 10
     op = Op(1, values, average=False, min_count=1, preemptive=False, values_per_packet=8, slots=4, world=2)
@@ -90,3 +97,33 @@ def test_a_block_sent_with_an_exponent_agreed_without_this_rank_is_counted_as_cl
     op.clipped.clear()
     op.build(op.prologue, job=7, rank=1, slot=0, version=0)
     assert op.clipped == set()
+
+
+def test_blocks_quantize_and_dequantize_to_exactly_what_the_per_block_functions_give():
+    from stepscope.innet.wire.quantize import dequantize_blocks, quantize_blocks
+
+    rng = np.random.default_rng(5)
+    for world in (1, 2, 3, 1024):
+        values = (rng.standard_normal((40, 33)) * np.exp2(rng.integers(-40, 40, (40, 1)))).astype(np.float32)
+        exponents = block_exponents(values.reshape(-1), 33).astype(np.int64)
+        exponents[::4] -= 2  # agreed below this rank's own: its values are clipped
+        ints = quantize_blocks(values, exponents, world)
+        assert np.array_equal(ints, np.stack([quantize(v, int(e), world) for v, e in zip(values, exponents,
+                                                                                        strict=True)]))
+        divisors = rng.integers(1, world + 1, 40)
+        assert np.array_equal(dequantize_blocks(ints, exponents, world, divisors), np.stack(
+            [dequantize(i, int(e), world, int(d)) for i, e, d in zip(ints, exponents, divisors, strict=True)]))
+
+
+def test_the_integer_average_truncates_toward_zero_like_c():
+    from stepscope.innet.worker.op import truncated_average
+
+    rng = np.random.default_rng(6)
+    sums = rng.integers(-(2**31), 2**31, (500, 16)).astype(np.int32)
+    sums[0, :6] = [-(2**31), 2**31 - 1, -7, 7, -1, 0]
+    counts = rng.integers(1, 1025, 500)
+    counts[0] = 2
+    wide = sums.astype(np.int64)
+    expected = np.sign(wide) * (np.abs(wide) // counts[:, None])  # C's division, in exact integers
+    assert np.array_equal(truncated_average(sums, counts), expected)
+    assert truncated_average(sums, counts)[0, :6].tolist() == [-(2**30), 2**30 - 1, -3, 3, 0, 0]

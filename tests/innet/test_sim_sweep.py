@@ -6,9 +6,9 @@ import json
 import pytest
 
 from stepscope.errors import UsageError
-from stepscope.innet.sim_config import SimConfig
-from stepscope.innet.sim_sweep import run_simulate, straggler_settings
-from stepscope.innet.simulator import simulate
+from stepscope.innet.sim.config import SimConfig
+from stepscope.innet.sim.model import simulate
+from stepscope.innet.sim.sweep import run_simulate, straggler_settings
 from stepscope.results.store import read_records
 
 TINY = dict(workers=3, op_bytes=64 << 10, stall_prob=0, jitter_us=0)

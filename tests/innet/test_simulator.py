@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from stepscope.errors import UsageError
-from stepscope.innet.faults import FaultConfig
-from stepscope.innet.sim_config import SimConfig
-from stepscope.innet.simulator import ideal_bounds, simulate
+from stepscope.innet.sim.config import SimConfig
+from stepscope.innet.sim.model import ideal_bounds, simulate
+from stepscope.innet.worker.faults import FaultConfig
 from tests.innet.conftest import job, run_ranks
 
 COUNTERS = ("ok", "to", "kr", "re", "dup", "old")
@@ -105,3 +105,18 @@ def test_invalid_configurations_are_usage_errors():
                 dict(workload="sometimes"), dict(straggler_ranks=(6,)), dict(straggler_steps=(3, 1))):
         with pytest.raises(UsageError):
             simulate(SimConfig(**bad))
+
+
+def test_a_finite_switch_packet_rate_bounds_the_throughput():
+    """Every contribution costs the switch 2 / pps (its receive and its share of the results): with 4 workers at
+    0.2 M packets/s, a block of 1 KiB costs 4 x 10 us, so 1 MiB (1024 blocks) takes 41 ms (int32: no prologue)."""
+    config = SimConfig(workers=4, link_gbps=400, op_bytes=1 << 20, quantized=False, switch_mpps=0.2,
+                       stall_prob=0, jitter_us=0, issue_skew=0)
+    result = simulate(config)
+    assert result["op_ms_mean"] == pytest.approx(1024 * 4 * 2 / 0.2e6 * 1e3, rel=0.02)
+    line_rate = simulate(SimConfig(**{**config.to_dict(), "switch_mpps": None}))
+    assert line_rate["op_ms_mean"] < result["op_ms_mean"] / 20
+    host_bound = simulate(SimConfig(**{**config.to_dict(), "switch_mpps": None, "worker_mpps": 0.2}))
+    assert host_bound["op_ms_mean"] == pytest.approx(1024 * 2 / 0.2e6 * 1e3, rel=0.05)  # each worker: 10 us/packet
+    with pytest.raises(UsageError):
+        SimConfig(switch_mpps=0).validate()

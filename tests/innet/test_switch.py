@@ -6,8 +6,9 @@ import time
 
 import numpy as np
 
-from stepscope.innet import protocol as p
-from stepscope.innet.switch import Switch, SwitchConfig
+from stepscope.innet.switch.config import SwitchConfig
+from stepscope.innet.switch.server import Switch
+from stepscope.innet.wire import protocol as p
 
 ADDRESSES = [("127.0.0.1", 40000 + r) for r in range(8)]
 
@@ -173,7 +174,7 @@ def _fuzz(switch):
     assert switch._thread.is_alive() and switch.counters["internal_errors"] == 0
     assert switch.counters["rx"] >= 9_000 and switch.counters["bad"] > 4_000
     assert len(switch.jobs) <= switch.config.max_jobs and switch.memory_bytes() <= memory_limit
-    from stepscope.innet.switch_process import probe
+    from stepscope.innet.switch.process import probe
 
     assert probe(f"127.0.0.1:{switch.address[1]}")["internal_errors"] == 0  # alive and answering
     # stray JOINs filled the table with jobs that never completed a block; once they have been silent for

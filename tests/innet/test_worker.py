@@ -11,10 +11,11 @@ import pytest
 from stepscope import innet
 from stepscope.errors import UsageError
 from stepscope.innet import InnetError, InnetJob, JobConfig, log_line
-from stepscope.innet.faults import FaultConfig
-from stepscope.innet.quantize import QuantizationError
-from stepscope.innet.reference import check_result, reference_input
-from stepscope.innet.switch import Switch, SwitchConfig
+from stepscope.innet.runs.reference import check_result, reference_input
+from stepscope.innet.switch.config import SwitchConfig
+from stepscope.innet.switch.server import Switch
+from stepscope.innet.wire.quantize import QuantizationError
+from stepscope.innet.worker.faults import FaultConfig
 from tests.innet.conftest import address, job, run_ranks
 
 FAULTY = FaultConfig(drop_up=0.05, drop_down=0.05, duplicate=0.05, reorder=0.05, seed=3)
@@ -174,7 +175,7 @@ def test_closing_a_job_fails_its_ops_in_flight_at_once(switch):
 
 
 def test_a_job_pausing_between_all_reduces_is_kept_alive(monkeypatch):
-    from stepscope.innet import worker_engine
+    from stepscope.innet.worker import engine as worker_engine
 
     monkeypatch.setattr(worker_engine, "KEEPALIVE_S", 0.1)
     with Switch(SwitchConfig(port=0, idle_s=0.5)) as short_memory:  # forgets a job silent for 0.5 s
@@ -247,3 +248,35 @@ def test_module_level_all_reduce_on_an_initialized_job(switch):
     finally:
         innet.shutdown()
     assert all(np.allclose(x, 0.5) for x in run_ranks(2, rank))
+
+
+@pytest.mark.parametrize("faults", [FaultConfig(drop_up=0.05, drop_down=0.05, duplicate=0.01, reorder=0.01, seed=9),
+                                    FaultConfig()])
+def test_a_sharded_switch_serves_each_slot_on_its_shard_exactly_under_loss(faults):
+    """Two shards (slot j on shard j mod 2), three ranks, with and without loss, duplication and reordering:
+    exact int32 sums, every block on the shard its slot names, and the switch counts the retransmissions."""
+    world, numel = 3, 3000
+    ints = [reference_input(4, r, numel, "i32") for r in range(world)]
+    shards = [Switch(SwitchConfig(port=0)).start() for _ in range(2)]
+    addresses = ",".join(address(shard) for shard in shards)
+    try:
+        def rank(r):
+            config = JobConfig(switch=addresses, job_id=21, rank=r, world=world, pipes=1, slots=6, rto_ms=3,
+                               faults=faults, timeout_s=10)
+            with InnetJob(config, log=lambda _: None) as member:
+                result = member.all_reduce(ints[r].copy(), "sum")
+                return result, member.counters, member.stats()
+
+        results = run_ranks(world, rank)
+    finally:
+        for shard in shards:
+            shard.stop()
+    total = np.sum(ints, axis=0, dtype=np.int64).astype(np.int32)
+    assert all(np.array_equal(result, total) for result, _, _ in results)
+    blocks = -(-numel // 64)  # 47 blocks in stream packets 0..46: slots 0..5 alternate between the shards
+    per_shard = [shard.job_counters()[21]["ok"] for shard in shards]
+    assert per_shard == [sum(1 for i in range(blocks) if i % 6 % 2 == s) for s in (0, 1)]
+    assert results[0][2]["ok"] == blocks  # the job's counters, summed over the shards
+    retransmitted = sum(c["retransmitted"] - c["injected_dropped_up"] for _, c, _ in results)
+    assert sum(shard.job_counters()[21]["re"] for shard in shards) >= retransmitted
+    assert retransmitted > 0 or not faults.network

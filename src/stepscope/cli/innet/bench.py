@@ -21,7 +21,7 @@ from stepscope.cli.options import (
 from stepscope.cli.options import innet as innet_options
 from stepscope.distributed.collectives.points import CALL_MODES
 from stepscope.distributed.collectives.sizes import format_bytes
-from stepscope.innet.bench import BenchConfig
+from stepscope.innet.runs.bench import BenchConfig
 
 NAME = "bench"
 HELP = "innet all-reduce vs gloo: latency and algbw vs size"
@@ -47,6 +47,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     option(("-k", "--k"), "fastest-K (default: world, no tolerance)")
     parser.add_argument("--preemptive", action="store_true", help="complete blocks at K without the timeout")
     parser.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline")
+    option("--switch-shards", "processes of the switch started for the run (slot j on shard j mod shards)")
     parser.add_argument("--check", action="store_true", help="verify every result; count wrong elements")
     parser.add_argument("--tally", choices=("syscalls",), default=None, help="syscalls: run the benchmark again "
                         "under strace and tally what innet (workers and switch) and gloo do beneath their APIs: "
@@ -58,7 +59,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.innet.bench import run_bench
+    from stepscope.innet.runs.bench import run_bench
 
     config = BenchConfig(world=innet_options.world(args),
                          sizes_bytes=tuple(unique(parse_list(args.sizes, innet_options.size_bytes, "--sizes"))),
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
                          iters=one_value(args.iters, positive_int, "--iters"),
                          dtype=args.dtype, op=args.op, k=innet_options.optional_k(args.k),
                          preemptive=args.preemptive, gloo=not args.no_gloo, check=args.check, seed=args.seed,
+                         switch_shards=one_value(args.switch_shards, positive_int, "--switch-shards"),
                          job=innet_options.job_config(args), syscalls=args.tally == "syscalls")
     outcome = run_bench(config, args.out, switch=args.switch)
     if outcome is None:  # not rank 0 under torchrun/Slurm: rank 0 reports

@@ -1,5 +1,5 @@
 """`stepscope innet simulate`: the protocol modelled at line rate (no sockets); comma lists sweep.
-The work and the records: `stepscope.innet.sim_sweep.run_simulate`."""
+The work and the records: `stepscope.innet.sim.sweep.run_simulate`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from stepscope.cli.options import (
 )
 from stepscope.cli.options.innet import size_bytes
 from stepscope.distributed.collectives.sizes import format_bytes
-from stepscope.innet.sim_config import SimConfig
+from stepscope.innet.sim.config import EMULATOR_SWITCH_MPPS, EMULATOR_WORKER_MPPS, SimConfig
 
 NAME = "simulate"
 HELP = "discrete-event model of the protocol at line rate"
@@ -64,13 +64,17 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="e.g. 'ranks=5;delay=2s;prob=1;steps=3-5' (delay before each op, or ops 3-5 "
                         "(0-based); add dist=exp for exponential)")
     parser.add_argument("--int32", action="store_true", help="int32 ops (no exponent prologue round)")
+    parser.add_argument("--switch-mpps", default=None, help="packets (in + out) per second, in millions, the switch "
+                        "handles (default: line rate; `emulator`: the software switch as measured here)")
+    parser.add_argument("--worker-mpps", default=None, help="packets per second, in millions, a worker's host "
+                        "handles (default: line rate; `emulator`: the emulator's worker as measured here)")
     add_seed_option(parser, SimConfig, help="random seed")
     add_output_options(parser, resume=False)
 
 
 def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
     """Every point of the command line (a SimConfig per combination of the swept values)."""
-    from stepscope.innet.sim_sweep import straggler_settings
+    from stepscope.innet.sim.sweep import straggler_settings
 
     fixed = dict(window=optional_value(args.window, positive_int, "--window"),
                  ops=one_value(args.ops, positive_int, "--ops"), preemptive=args.preemptive,
@@ -78,6 +82,8 @@ def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
                  jitter_us=one_value(args.jitter_us, float, "--jitter-us"),
                  stall_prob=one_value(args.stall_prob, float, "--stall-prob"),
                  stall_us=one_value(args.stall_us, float, "--stall-us"), quantized=not args.int32, seed=args.seed,
+                 switch_mpps=_rate(args.switch_mpps, EMULATOR_SWITCH_MPPS, "--switch-mpps"),
+                 worker_mpps=_rate(args.worker_mpps, EMULATOR_WORKER_MPPS, "--worker-mpps"),
                  **(straggler_settings(args.straggler) if args.straggler else {}))
     swept = {name: unique(parse_list(getattr(args, name), convert, f"--{name.replace('_', '-')}"))
              for name, convert in SWEEPS.items()}
@@ -85,10 +91,14 @@ def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
             for values in itertools.product(*swept.values())]
 
 
+def _rate(text: str | None, emulator: float, option: str) -> float | None:
+    return emulator if text == "emulator" else optional_value(text, positive_float, option)
+
+
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.innet.sim_sweep import run_simulate
-    from stepscope.innet.timeout_profile import profile_table, throughput_table
+    from stepscope.innet.runs.timeout_profile import profile_table, throughput_table
+    from stepscope.innet.sim.sweep import run_simulate
 
     configs = sim_configs(args)
     outcome = run_simulate(configs, args.out)

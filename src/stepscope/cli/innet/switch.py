@@ -1,5 +1,5 @@
 """`stepscope innet switch`: the software switch as a standalone process, until Ctrl-C (or --duration-s).
-The work and the records: `stepscope.innet.switch_process.run_switch`."""
+The work and the records: `stepscope.innet.switch.process.run_switch`."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ from functools import partial
 from stepscope.cli.options import (
     add_config_option,
     add_output_options,
+    non_negative_int,
     one_value,
     optional_value,
+    parse_list,
     positive_float,
     positive_int,
 )
-from stepscope.innet.switch import SwitchConfig
+from stepscope.innet.switch.config import SwitchConfig
 
 NAME = "switch"
 HELP = "run the software aggregation switch (until Ctrl-C)"
@@ -30,6 +32,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     option("--idle-s", "forget a job silent this long")
     option("--evict-after-s", "with the table full, a new job may evict a job that never completed a block and "
            "was silent this long")
+    option("--shards", "switch processes, one port each (port, port+1, ...): slot j is served by shard j mod "
+           "shards; workers are given every shard's address")
+    parser.add_argument("--cpus", default=None, help="cores to pin shard i on (cpus[i mod n]), e.g. 0,1")
+    parser.add_argument("--no-offload", action="store_true",
+                        help="no UDP segmentation offload (GSO/GRO): one datagram per message")
     parser.add_argument("--duration-s", default=None, help="stop after this many seconds (default: Ctrl-C)")
     parser.add_argument("--stats-interval-s", default=None, help="print totals this often")
     parser.add_argument("--no-records", action="store_true", help="do not append records (a helper switch)")
@@ -40,14 +47,16 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.innet import protocol
-    from stepscope.innet.switch_process import run_switch
+    from stepscope.innet.switch.process import run_switch
+    from stepscope.innet.wire import protocol
 
     config = SwitchConfig(host=args.host, port=one_value(args.port, int, "--port"),
                           max_jobs=one_value(args.max_jobs, positive_int, "--max-jobs"),
                           max_job_bytes=one_value(args.max_job_mib, positive_int, "--max-job-mib") << 20,
                           idle_s=one_value(args.idle_s, positive_float, "--idle-s"),
-                          evict_after_s=one_value(args.evict_after_s, positive_float, "--evict-after-s"))
+                          evict_after_s=one_value(args.evict_after_s, positive_float, "--evict-after-s"),
+                          shards=one_value(args.shards, positive_int, "--shards"), offload=not args.no_offload,
+                          cpus=tuple(parse_list(args.cpus, non_negative_int, "--cpus")) if args.cpus else ())
     served = run_switch(config, None if args.no_records else args.out,
                         duration_s=optional_value(args.duration_s, positive_float, "--duration-s"),
                         stats_interval_s=optional_value(args.stats_interval_s, positive_float, "--stats-interval-s"),

@@ -21,7 +21,7 @@ from stepscope.cli.options import (
 )
 from stepscope.cli.options import innet as innet_options
 from stepscope.distributed.collectives.sizes import format_bytes
-from stepscope.innet.timeout_profile import WORKLOADS, ProfileConfig
+from stepscope.innet.runs.timeout_profile import WORKLOADS, ProfileConfig
 
 NAME = "timeout-profile"
 HELP = "ok/to counts per straggler timeout, DPA's table"
@@ -45,7 +45,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.innet.timeout_profile import profile_table, run_profile, throughput_table
+    from stepscope.innet.runs.timeout_profile import profile_table, run_profile, throughput_table
 
     config = ProfileConfig(world=innet_options.world(args), k=innet_options.optional_k(args.k),
                            sto_ms=tuple(unique(parse_list(args.sto_ms, non_negative_float, "--sto-ms"))),

@@ -22,7 +22,7 @@ from stepscope.cli.options import (
 from stepscope.cli.options import innet as innet_options
 from stepscope.cli.options.model import add_model_options
 from stepscope.errors import UsageError
-from stepscope.innet.train import DDP_KINDS, TrainConfig
+from stepscope.innet.runs.train import DDP_KINDS, TrainConfig
 
 CPU_LAYERS = 1
 """Layers of the model unless --n-layers is given: a real model's buckets, at a step time a CPU can afford."""
@@ -60,7 +60,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
     from stepscope.cli.options.model import model_specs
-    from stepscope.innet.faults import StragglerSpec
+    from stepscope.innet.worker.faults import StragglerSpec
 
     specs = model_specs(args)
     if len(specs) != 1:
@@ -91,7 +91,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
-    from stepscope.innet.train import run_train
+    from stepscope.innet.runs.train import run_train
 
     outcome = run_train(train_config(args), args.out, switch=args.switch)
     if outcome is None:  # not rank 0 under torchrun/Slurm: rank 0 reports

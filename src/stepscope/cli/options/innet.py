@@ -19,8 +19,8 @@ from stepscope.cli.options import (
     probability,
 )
 from stepscope.distributed.collectives.sizes import parse_size
-from stepscope.innet.faults import FaultConfig, StragglerSpec
-from stepscope.innet.job_config import JobConfig
+from stepscope.innet.worker.config import JobConfig
+from stepscope.innet.worker.faults import FaultConfig, StragglerSpec
 
 
 def size_bytes(text: str) -> int:

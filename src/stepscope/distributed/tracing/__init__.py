@@ -5,7 +5,11 @@
 - `syscall_kinds`: what a system call is for (network send/receive, polling and synchronisation, memory,
   thread creation, other) and the bytes it moved or mapped;
 - `windows`: the calls of each process inside marked time windows, tallied per kind (markers are failing
-  `readlink` calls on a path that names the window, written by the traced program).
+  `readlink` calls on a path that names the window, written by the traced program);
+- `tally`: a benchmark's library function run again under strace (the program `traced_job`, its config handed
+  over as a JSON plan, `plan`), its windows tallied as `syscalls` records.
 
-Used by `stepscope comm --tally syscalls` (`distributed.collectives.syscall_tally`). May import errors only.
+Used by `stepscope comm --tally syscalls` (`distributed.collectives.syscall_tally`) and `stepscope innet bench
+--tally syscalls` (`innet.runs.syscall_tally`). Imports errors and results only (the traced function is named by
+its caller and imported by the child program).
 """
