@@ -30,9 +30,12 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
-# ruff with the project's rules (pyproject.toml); its default excludes skip no folder of src/ or tests/
+# ruff with the project's rules (pyproject.toml; its default excludes skip no folder of src/ or tests/); the import
+# contracts of docs/architecture.md (import-linter, pyproject.toml); no merge-conflict markers anywhere tracked
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
+	@! git grep -nE '^(<<<<<<<|>>>>>>>)( |$$)' -- . ':!Makefile' || { echo "conflict markers above"; exit 1; }
 
 # A report in headless Chromium: no console errors, every plot laid out, sorting, filtering and the dark scheme
 # work, a screenshot (stepscope-results/browser-check.png). REPORT=path checks that page instead of a generated

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from stepscope.kernels.cpu_parallel import run_tasks, split_evenly
 from stepscope.kernels.flash_torch import DEFAULT_TILES, FlashAttentionTorch, TileSizes
-from stepscope.kernels.reference import reference_forward_backward, relative_error
 from stepscope.measure.device import cpu_threads
+from stepscope.nn.attention_reference import reference_forward_backward, relative_error
 
 SMALL_TILES = TileSizes(fwd_q=32, fwd_k=48, bwd_q=40, bwd_k=24)  # many ragged tiles at test sizes
 FP32_TOLERANCE = 1e-5

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from stepscope.errors import UsageError
-from stepscope.kernels.reference import reference_forward_backward, relative_error
+from stepscope.nn.attention_reference import reference_forward_backward, relative_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP32_TOLERANCE = 1e-5

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from stepscope.kernels.reference import relative_error
 from stepscope.nn import TransformerLM, lm_loss
+from stepscope.nn.attention_reference import relative_error
 from stepscope.results.store import read_records
 from stepscope.spec import get_preset
 

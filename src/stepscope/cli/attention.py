@@ -75,10 +75,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 def bench_config(args: argparse.Namespace) -> AttentionBenchConfig:
     """The AttentionBenchConfig from the preset (if any) and the options given (types checked here, the rest
     by `validate`)."""
-    from stepscope.kernels.reference import PASSES
     from stepscope.measure.attention.presets import preset_fields
     from stepscope.measure.device import resolve_device
     from stepscope.nn.attention import attention_backends
+    from stepscope.nn.attention_reference import PASSES
 
     device = resolve_device(args.device)
     fields = preset_fields(args.grid, device.type) if args.grid else {}

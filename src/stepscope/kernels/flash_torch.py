@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from stepscope.kernels.cpu_parallel import cpu_workers, run_tasks, split_evenly
-from stepscope.kernels.reference import MASKED_SCORE
 from stepscope.nn.attention import register_attention
+from stepscope.nn.attention_reference import MASKED_SCORE
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from stepscope.results.views import render
 from stepscope.traces.analyze import analyze
 from stepscope.traces.read import read_trace
 from stepscope.traces.run import trace_files
@@ -129,7 +130,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--big-MiB", type=float, default=1024.0, help="size of the replicated trace (0: none)")
     parser.add_argument("--big-source", default=None, help="trace to replicate (default: the largest given)")
     args = parser.parse_args(argv)
-    from stepscope.cli.output import Printer
 
     files = [f for f in trace_files(args.paths) if f.name != "hta_reference.json"]
     rows, ours_total, theirs_total = [], 0.0, 0.0
@@ -144,13 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     if theirs_total:
         rows.append({"file": "all", "events": sum(r["events"] for r in rows), "stepscope_s": ours_total,
                      "hta_s": theirs_total, "speedup": theirs_total / ours_total})
-    printer = Printer("table")
-    printer.emit(rows, title="read + temporal breakdown + communication overlap, median of "
-                             f"{args.repeats} (HTA: TraceAnalysis + get_temporal_breakdown + get_comm_comp_overlap)")
+    print(render(rows, title="read + temporal breakdown + communication overlap, median of "
+                             f"{args.repeats} (HTA: TraceAnalysis + get_temporal_breakdown + get_comm_comp_overlap)"))
     if args.big_MiB > 0:
         source = Path(args.big_source) if args.big_source else max(files, key=lambda f: f.stat().st_size)
-        printer.emit([big_trace(source, args.big_MiB)], title=f"a large trace: {source.name}'s steps replicated, "
-                                                              "read as a stream in a child process")
+        print(render([big_trace(source, args.big_MiB)], title=f"a large trace: {source.name}'s steps replicated, "
+                                                              "read as a stream in a child process"))
     return 0
 
 

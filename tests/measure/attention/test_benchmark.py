@@ -9,12 +9,12 @@ import torch
 import stepscope.measure.attention.benchmark as bench
 from stepscope.errors import UsageError
 from stepscope.kernels.flash_torch import DEFAULT_TILES, FlashAttentionTorch, TileSizes
-from stepscope.kernels.reference import attention_flops
 from stepscope.measure.attention.benchmark import attention_impl, run_attention_sweep
 from stepscope.measure.attention.config import AttentionBenchConfig
 from stepscope.measure.attention.memory import measure_attention_memory
 from stepscope.measure.attention.plot import plot_attention
 from stepscope.measure.attention.presets import preset_fields
+from stepscope.nn.attention_reference import attention_flops
 from stepscope.results.store import RecordStore
 
 TINY = dict(impls=("naive", "sdpa", "flash-torch"), batch=(2,), heads=(2,), seq=(48, 80), dim=(16,),

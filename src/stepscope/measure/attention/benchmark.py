@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from stepscope.kernels.reference import attention_flops
 from stepscope.measure.attention.check import AttentionProblem, check_correctness
 from stepscope.measure.attention.config import OWN_IMPLS, AttentionBenchConfig, AttentionPoint
 from stepscope.measure.attention.memory import measure_attention_memory
@@ -46,6 +45,7 @@ from stepscope.nn.attention import (
     get_attention,
     unsupported_reason,
 )
+from stepscope.nn.attention_reference import attention_flops
 from stepscope.results.files import check_plot_file
 from stepscope.results.store import RecordStore, make_record, point_key
 from stepscope.results.sweep import SweepOutcome

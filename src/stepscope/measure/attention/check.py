@@ -1,7 +1,7 @@
 """The problem of one attention benchmark point and the correctness gate every implementation passes first.
 
 `AttentionProblem` holds random q, k, v, dO of one point and, computed once, the fp64 reference of
-`kernels.reference`. The check runs one forward (+ backward) of an implementation and measures the
+`nn.attention_reference`. The check runs one forward (+ backward) of an implementation and measures the
 relative error (max |x − ref| / max |ref|) of O, dQ, dK, dV. At long sequences only `check_rows`
 evenly spaced query rows are checked: for the check dO is zero outside those rows, which makes the
 reference's gradients exact while it only computes those rows (dQ, dK, dV are checked whole).
@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import torch
 
-from stepscope.kernels.reference import reference_forward_backward, relative_error
 from stepscope.measure.attention.config import OWN_IMPLS, TOLERANCE, AttentionPoint
 from stepscope.measure.device import DTYPES
+from stepscope.nn.attention_reference import reference_forward_backward, relative_error
 
 _REFERENCE_BLOCK_BYTES = 256 * 2 ** 20  # fp64 scores per block of reference rows
 

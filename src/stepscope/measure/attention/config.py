@@ -88,9 +88,9 @@ class AttentionBenchConfig:
 
     def validate(self) -> torch.device:
         """Check everything before any work (UsageError); returns the device."""
-        from stepscope.kernels.reference import PASSES
         from stepscope.measure.device import resolve_device
         from stepscope.nn.attention import attention_backends, unsupported_reason
+        from stepscope.nn.attention_reference import PASSES
 
         device = resolve_device(self.device)
         for name, values in (("impls", self.impls), ("batch", self.batch), ("heads", self.heads), ("seq", self.seq),

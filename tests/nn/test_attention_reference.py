@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from stepscope.kernels.reference import (
+from stepscope.nn.attention_reference import (
     attention_flops,
     causal_visible,
     reference_attention,
