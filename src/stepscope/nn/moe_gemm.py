@@ -37,6 +37,13 @@ class Groups:
     def __post_init__(self) -> None:
         self.offsets = self.counts.cumsum(0).to(torch.int32)
 
+    @classmethod
+    def of_sizes(cls, sizes: list[int], device: torch.device) -> Groups:
+        """Groups whose sizes the host knows already (no synchronisation when a loop reads them)."""
+        groups = cls(torch.tensor(sizes, dtype=torch.long).to(device))
+        groups._sizes = list(sizes)
+        return groups
+
     def sizes(self) -> list[int]:
         """Rows per group on the host (one device-to-host copy, the first time only)."""
         if self._sizes is None:

@@ -51,7 +51,8 @@ def test_a_wrong_expert_parallel_output_fails_the_run_and_is_not_kept_as_ok(cli,
 
     def wrong(config):  # what a broken dispatch or combine reports: an output off by its own size
         pieces = {piece: Stats.of([1e-3, 2e-3]) for piece in (*benchmark.PIECES, "layer")}
-        return benchmark.EPResult(config=config, pieces=pieces, max_abs_error=1.0, dispatch_bytes=1024,
+        return benchmark.EPResult(config=config, pieces=pieces, max_abs_error=1.0, dispatch_bytes=1024, dispatch_rows=4,
+                                  dropped=0,
                                   load_max_over_mean=1.0, threads=1)
 
     monkeypatch.setattr(benchmark, "benchmark_ep", wrong)
