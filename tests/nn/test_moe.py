@@ -1,4 +1,4 @@
-"""MoE blocks: the grouped (padded batched-matmul) experts equal the reference loop in forward and backward,
+"""MoE blocks: the grouped fast path equals the reference loop in forward and backward,
 dropless and capacity-limited, with experts that receive no tokens; routing, aux loss, FLOPs."""
 
 import math
