@@ -115,7 +115,10 @@ class _WeightedSwiGLU(torch.autograd.Function):
         act = F.silu(gate)
         grad_w = (grad * act * up).sum(dim=-1)
         weighted = grad * w.unsqueeze(1)
-        grad_h = torch.empty_like(h)
+        if torch.compiler.is_compiling():  # dynamo breaks the graph at an `out=` into a strided view
+            grad_h = torch.cat([torch.ops.aten.silu_backward(weighted * up, gate), weighted * act], dim=-1)
+            return grad_h, grad_w.to(w.dtype)
+        grad_h = torch.empty_like(h)  # eagerly, both halves are written in place: no concatenation pass
         grad_gate, grad_up = grad_h.chunk(2, dim=-1)
         torch.ops.aten.silu_backward.grad_input(weighted * up, gate, grad_input=grad_gate)
         torch.mul(weighted, act, out=grad_up)
