@@ -1,4 +1,4 @@
-"""Both expert implementations, and both grouped GEMMs of the fast path, against the independent per-token oracle
+"""Both expert implementations, and both layouts of the fast path's GEMMs, against the independent per-token oracle
 (`moe_equations`, float64): output, load-balancing loss, the input's and every parameter's gradient; softmax and
 sigmoid-with-bias routers, capacity drops (asserted before comparing), experts without tokens, group-limited
 routing, GELU experts with biases and shared experts. Then the same as properties over drawn shapes, top-k,
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from stepscope.nn.moe import MoE
-from stepscope.nn.moe_gemm import force_grouped_mm_kind
+from stepscope.nn.moe_gemm import force_gemm_kind
 from stepscope.nn.transformer import MLP
 from stepscope.spec import get_preset
 
@@ -71,16 +71,16 @@ def oracle(block: MoE, x: torch.Tensor, grad_out: torch.Tensor) -> dict[str, tor
 
 
 def measured(block: MoE, x: torch.Tensor, grad_out: torch.Tensor, impl: str, gemm: str | None) -> dict:
-    """The block's (fp32, `impl`, the grouped GEMM forced to `gemm`) output, aux loss and gradients."""
+    """The block's (fp32, `impl`, the expert GEMMs forced to `gemm`) output, aux loss and gradients."""
     block.experts.impl = impl
     block.zero_grad(set_to_none=True)
     x32 = x.clone().requires_grad_()
-    force_grouped_mm_kind(gemm)
+    force_gemm_kind(gemm)
     try:
         out = block(x32)
         ((out * grad_out).sum() + block.aux_loss).backward()
     finally:
-        force_grouped_mm_kind(None)
+        force_gemm_kind(None)
     got = {"output": out.detach(), "aux loss": block.aux_loss.detach(), "x": x32.grad}
     got.update({name: p.grad for name, p in block.named_parameters()})
     return got
@@ -100,8 +100,9 @@ def compare(block: MoE, x: torch.Tensor, runs: list[tuple[str, str | None]]) -> 
             assert error <= TOLERANCE * max(scale, 1e-12), f"{impl}/{gemm} {name}: error {error:.3g}, scale {scale:.3g}"
 
 
-RUNS = [("grouped", None), ("grouped", "loop"), ("reference", None)]
-"""The fast path with the GEMM chosen for this machine, with the loop GEMM, and the reference loop."""
+RUNS = [("grouped", "bmm"), ("grouped", "grouped_mm"), ("reference", None)]
+"""The fast path in both layouts (padded bmm, as on a CPU; torch._grouped_mm's sorted rows, which the CPU build
+runs in fp32 too), and the reference loop."""
 
 
 CASES = {
@@ -155,7 +156,7 @@ def test_the_bias_selects_but_does_not_weigh():
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tokens=st.integers(1, 40), n_experts=st.integers(2, 10), k=st.integers(1, 4), width=st.sampled_from([8, 12, 16]),
        capacity=st.sampled_from([0.0, 1.0, 1.25, 2.0]), router=st.sampled_from(["softmax", "sigmoid"]),
-       skew=st.floats(0.0, 3.0), seed=st.integers(0, 2**16), gemm=st.sampled_from([None, "loop"]))
+       skew=st.floats(0.0, 3.0), seed=st.integers(0, 2**16), gemm=st.sampled_from(["bmm", "grouped_mm"]))
 def test_property_grouped_equals_the_equations(tokens, n_experts, k, width, capacity, router, skew, seed, gemm):
     """Any shape, top-k, capacity factor and skew (the tokens pushed towards expert 0 by `skew` x its gate row):
     the fast path equals the oracle. k >= 2 keeps the weights' gradient away from its exact cancellation at k = 1

@@ -1,7 +1,8 @@
-"""The fast path's pieces on their own: the one sort (ranks, counts), the permutation and combine with their
-hand-written backwards, the weighted activations, both grouped GEMMs (against per-group matmuls and by
-gradcheck, empty groups included), which GEMM runs where, and the block under torch.compile in bf16 (the dtype,
-int32 offsets and 16-byte strides `torch._grouped_mm` demands on sm_90 are what its meta function checks)."""
+"""The fast path's pieces on their own: the one sort (ranks, counts), both buffer layouts, the permutation and
+combine with their hand-written backwards, the weighted activations, both expert GEMMs (against per-expert
+matmuls and by gradcheck, experts without rows included), which GEMM runs where, and the block under
+torch.compile in bf16 (the dtype, int32 offsets and 16-byte strides `torch._grouped_mm` demands on sm_90 are
+what its meta function checks)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from stepscope.nn.moe import MoE
 from stepscope.nn.moe_dispatch import Dispatch, combine, permute, weighted_activation
-from stepscope.nn.moe_gemm import Groups, force_grouped_mm_kind, grouped_mm, grouped_mm_kind
+from stepscope.nn.moe_gemm import Layout, expert_matmul, force_gemm_kind, gemm_kind
 from stepscope.nn.moe_routing import Routing, sort_by_expert
 from stepscope.nn.transformer import MLP
 from stepscope.spec import get_preset
@@ -35,25 +36,49 @@ def test_property_one_sort_gives_order_counts_and_first_come_first_served_ranks(
         seen[e] = seen.get(e, 0) + 1
 
 
-def _dispatch(tokens: int, k: int, n_experts: int, seed: int) -> Dispatch:
-    experts = torch.rand(tokens, n_experts, generator=torch.Generator().manual_seed(seed)).topk(k).indices
-    order, counts, _ = sort_by_expert(experts, n_experts)
-    routing = Routing(experts, torch.ones(tokens, k), torch.ones_like(experts, dtype=torch.bool), order, counts,
-                      None, torch.zeros(()))
-    return Dispatch.of(routing)
+def _routing(assignments: list[list[int]], n_experts: int, capacity: int | None) -> Routing:
+    experts = torch.tensor(assignments)
+    order, counts, rank = sort_by_expert(experts, n_experts)
+    keep = rank < capacity if capacity is not None else torch.ones_like(experts, dtype=torch.bool)
+    weights = torch.arange(1.0, experts.numel() + 1).view_as(experts)
+    return Routing(experts, weights, keep, rank, order, counts, capacity, torch.zeros(()))
 
 
-def test_permute_and_combine_by_hand_and_by_gradcheck():
-    dispatch = _dispatch(tokens=5, k=2, n_experts=4, seed=0)
+def test_both_layouts_by_hand():
+    """Four tokens, top-2 of 3 experts, capacity 3: expert 0 is chosen by all four and drops token 3's."""
+    routing = _routing([[0, 1], [0, 2], [0, 1], [0, 2]], 3, capacity=3)
+    assert routing.keep.tolist() == [[True, True], [True, True], [True, True], [False, True]]
+    sorted_rows = Dispatch.of(routing, "grouped_mm")
+    # sorted by expert, token order within: e0: t0 t1 t2 t3; e1: t0 t2; e2: t1 t3
+    assert sorted_rows.token_of_row.tolist() == [0, 1, 2, 3, 0, 2, 1, 3]
+    assert sorted_rows.bags.tolist() == [[0, 4], [1, 6], [2, 5], [3, 7]]
+    assert sorted_rows.layout.offsets.tolist() == [4, 6, 8]
+    assert sorted_rows.row_weights(routing).tolist() == [1, 3, 5, 0, 2, 6, 4, 8]  # token 3's expert 0: weight 0
+    padded = Dispatch.of(routing, "bmm")  # blocks of the 3 kept + 1 spare row for the dropped
+    assert padded.layout.per_expert == 4 and padded.layout.expert_of_row.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    assert padded.bags.tolist() == [[0, 4], [1, 8], [2, 5], [3, 9]]  # token 3's expert 0: the spare row 3
+    assert padded.row_weights(routing).tolist() == [1, 3, 5, 0, 2, 6, 0, 0, 4, 8, 0, 0]
+    tokens = padded.token_of_row.tolist()
+    assert [tokens[r] for r in (0, 1, 2, 4, 5, 8, 9)] == [0, 1, 2, 0, 2, 1, 3]
+
+
+@pytest.mark.parametrize("kind", ["grouped_mm", "bmm"])
+def test_permute_and_combine_by_hand_and_by_gradcheck(kind):
+    routing = _routing([[0, 1], [2, 0], [1, 2], [0, 3], [3, 1]], 4, capacity=None)
+    dispatch = Dispatch.of(routing, kind)
     x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     rows = permute(x, dispatch)
     assert torch.equal(rows, x[dispatch.token_of_row])
-    assert torch.equal(dispatch.expert_of_row, dispatch.expert_of_row.sort().values)  # rows in expert order
     back = combine(rows, dispatch)
     assert torch.allclose(back, 2 * x)  # each token's k = 2 rows summed
-    torch.autograd.gradcheck(lambda t: permute(t, dispatch), (x,))
-    y = torch.randn(10, 3, dtype=torch.float64, requires_grad=True)
-    torch.autograd.gradcheck(lambda t: combine(t, dispatch), (y,))
+    # the rows of the assignments; the padded layout's spare rows read some token and carry weight 0 in the
+    # block, so their gradient is 0 and the backward leaves them out
+    assigned = dispatch.bags.reshape(-1)
+    torch.autograd.gradcheck(lambda t: permute(t, dispatch).index_select(0, assigned), (x,))
+    # the same rows of the output side: spare rows are in no bag (their gradient, times weight 0, never counts)
+    base = torch.randn(dispatch.layout.rows, 3, dtype=torch.float64)
+    y = torch.randn(assigned.numel(), 3, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda t: combine(base.index_copy(0, assigned, t), dispatch), (y,))
 
 
 @pytest.mark.parametrize("gated", [True, False])
@@ -69,45 +94,42 @@ def test_weighted_activations_by_hand_and_by_gradcheck(gated):
     torch.autograd.gradcheck(lambda a, b: weighted_activation(a, b, gated), (h, w))
 
 
-@pytest.mark.parametrize("kind", ["grouped_mm", "loop"])
-def test_grouped_gemm_equals_a_matmul_per_group_with_empty_groups(kind):
-    if kind == "grouped_mm" and not hasattr(torch, "_grouped_mm"):
-        pytest.skip("this torch has no _grouped_mm")
-    sizes = [3, 0, 5, 0, 4]  # two experts without rows
-    groups = Groups.of_sizes(sizes, torch.device("cpu"))
-    a = torch.randn(12, 8, requires_grad=True)
+@pytest.mark.parametrize("kind", ["grouped_mm", "bmm"])
+def test_expert_gemm_equals_a_matmul_per_expert_with_experts_without_rows(kind):
+    counts = [3, 0, 5, 0, 4]  # two experts without rows
+    if kind == "grouped_mm":
+        expert = torch.repeat_interleave(torch.arange(5), torch.tensor(counts))
+        layout = Layout.sorted(torch.tensor(counts), expert)
+        real = torch.arange(12)
+    else:
+        layout = Layout.padded(5, 5, torch.device("cpu"))
+        real = torch.cat([torch.arange(e * 5, e * 5 + c) for e, c in enumerate(counts)])
+    a = torch.randn(layout.rows, 8, requires_grad=True)
     b = torch.randn(5, 8, 12, requires_grad=True)
-    grad = torch.randn(12, 12)
-    force_grouped_mm_kind(kind)
-    try:
-        out = grouped_mm(a, b, groups)
-        out.backward(grad)
-    finally:
-        force_grouped_mm_kind(None)
-    bounds = [(0, 3), (3, 3), (3, 8), (8, 8), (8, 12)]
-    expected = torch.cat([a.detach()[s:e] @ b.detach()[g] for g, (s, e) in enumerate(bounds)])
+    grad = torch.zeros(layout.rows, 12).index_copy(0, real, torch.randn(12, 12))  # padding rows: no gradient
+    out = expert_matmul(a, b, layout)
+    out.backward(grad)
+    expert = layout.expert_of_row
+    expected = torch.stack([a.detach()[r] @ b.detach()[expert[r]] for r in range(layout.rows)])
     assert torch.allclose(out, expected, rtol=1e-5, atol=1e-5)
-    grad_b = torch.stack([a.detach()[s:e].t() @ grad[s:e] for s, e in bounds])
+    grad_b = torch.stack([sum((torch.outer(a.detach()[r], grad[r]) for r in range(layout.rows) if expert[r] == e),
+                              torch.zeros(8, 12)) for e in range(5)])
     assert torch.allclose(b.grad, grad_b, rtol=1e-5, atol=1e-5) and b.grad[1].abs().max() == 0
-    grad_a = torch.cat([grad[s:e] @ b.detach()[g].t() for g, (s, e) in enumerate(bounds)])
+    grad_a = torch.stack([grad[r] @ b.detach()[expert[r]].t() for r in range(layout.rows)])
     assert torch.allclose(a.grad, grad_a, rtol=1e-5, atol=1e-5)
 
 
-def test_loop_gemm_gradcheck():
-    groups = Groups.of_sizes([2, 0, 3], torch.device("cpu"))
-    a = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
-    torch.autograd.gradcheck(lambda x, y: grouped_mm(x, y, groups), (a, b))  # float64: the loop
-
-
-def test_which_grouped_gemm_runs_where():
+def test_which_expert_gemm_runs_where():
     cpu = torch.device("cpu")
-    assert grouped_mm_kind(cpu, torch.float64, (64, 128)) == "loop"  # _grouped_mm has no float64
-    assert grouped_mm_kind(cpu, torch.float32, (64, 6)) == "loop"  # 6 x 4 bytes: rows not 16-byte aligned
-    assert grouped_mm_kind(cpu, torch.bfloat16, (64, 12)) == "loop"  # 12 x 2 bytes: neither
-    if hasattr(torch, "_grouped_mm"):
-        assert grouped_mm_kind(cpu, torch.float32, (64, 128)) == "grouped_mm"
-        assert grouped_mm_kind(cpu, torch.bfloat16, (64, 8)) == "grouped_mm"
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        assert gemm_kind(cpu, dtype, (64, 128)) == "bmm"  # one parallel region per GEMM on a CPU (moe_gemm)
+    force_gemm_kind("grouped_mm")
+    try:
+        assert gemm_kind(cpu, torch.float32, (64, 128)) == "grouped_mm"
+    finally:
+        force_gemm_kind(None)
+    with pytest.raises(ValueError, match="unknown expert GEMM kind"):
+        force_gemm_kind("loop")
 
 
 @pytest.mark.slow
@@ -122,10 +144,14 @@ def test_the_block_compiles_in_bf16_forward_and_backward_without_graph_breaks():
     torch.manual_seed(0)
     block = MoE(get_preset("tiny-moe", capacity_factor=1.0), "grouped", shared=MLP)
     x = torch.randn(24, 64, requires_grad=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        eager = block(x)
-        compiled = torch.compile(block, backend="aot_eager")(x)
-    compiled.float().sum().backward()
+    force_gemm_kind("grouped_mm")  # the GPU's layout: no host sync, so one graph
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            eager = block(x)
+            compiled = torch.compile(block, backend="aot_eager")(x)
+        compiled.float().sum().backward()
+    finally:
+        force_gemm_kind(None)
     assert torch.equal(eager, compiled)
     assert not torch._dynamo.utils.counters["graph_break"]
     assert x.grad is not None and block.experts.w_up.grad.abs().max() > 0

@@ -4,10 +4,11 @@ in `moe_routing`, the grouped fast path's pieces in `moe_dispatch` and its GEMMs
 
 Implementations of the routed experts (`MOE_IMPLS`), tested against each other and against an independent
 per-token reference written from the papers' equations (tests/nn):
-- `grouped` (default): the fast path (`moe_dispatch`): the tokens permuted once into rows sorted by expert,
-  both expert matrices as grouped GEMMs over all experts, the rows put back and summed per token in one
-  kernel, the combine weights applied to the activation; nothing sorted twice, no Python loop over experts,
-  no host sync where `torch._grouped_mm` runs (see `moe_gemm` for where it does);
+- `grouped` (default): the fast path (`moe_dispatch`): the tokens permuted once into the expert buffer, each
+  expert matrix as one GEMM over all experts (`torch._grouped_mm` on sm_90 in bf16, a padded `bmm` elsewhere:
+  `moe_gemm`), the rows put back and summed per token in one kernel, the combine weights applied to the
+  activation; nothing sorted twice, no Python loop over experts, no host sync with `torch._grouped_mm` (one
+  per layer, the padding, with `bmm`);
 - `reference`: a Python loop over the experts, each taking its tokens with a boolean mask: the oracle, slow.
 Each piece runs inside a `stepscope.moe.<piece>` profiler range (router, dispatch, experts, combine, shared),
 which `stepscope profile` reads as its `moe` category. `TransformerLM.aux_loss` sums the blocks' load-balancing
@@ -22,6 +23,7 @@ from torch import nn
 
 from stepscope.errors import UsageError
 from stepscope.nn.moe_dispatch import Dispatch, combine, compute_dtype, expert_mlp_grouped, permute
+from stepscope.nn.moe_gemm import Layout, gemm_kind
 from stepscope.nn.moe_routing import Router, Routing, expert_capacity
 from stepscope.spec import ModelSpec
 
@@ -105,20 +107,22 @@ class RoutedExperts(nn.Module):
 
     def _grouped(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
         with moe_range("dispatch"):
-            dispatch = Dispatch.of(routing)
-            rows = permute(x.to(compute_dtype(x)), dispatch)
+            dtype = compute_dtype(x)
+            dispatch = Dispatch.of(routing, gemm_kind(x.device, dtype, (self.w_up.shape[1], self.w_up.shape[2],
+                                                                          self.w_down.shape[1])))
+            rows = permute(x.to(dtype), dispatch)
             row_weights = dispatch.row_weights(routing)
         with moe_range("experts"):
-            y = self.grouped_rows(rows, row_weights, dispatch)
+            y = self.grouped_rows(rows, row_weights, dispatch.layout)
         with moe_range("combine"):
             return combine(y, dispatch)
 
-    def grouped_rows(self, rows: torch.Tensor, row_weights: torch.Tensor | None, dispatch: Dispatch) -> torch.Tensor:
-        """Every expert on its rows of the sorted buffer (`dispatch`), each output row times its weight."""
+    def grouped_rows(self, rows: torch.Tensor, row_weights: torch.Tensor | None, layout: Layout) -> torch.Tensor:
+        """Every expert on its rows of the buffer (`layout`), each output row times its weight."""
         # the parameters themselves, not a slice of them: a slice's backward zero-fills a full-size gradient
         params = (self.w_up, self.w_down, self.b_up, self.b_down)
         weights = [p.to(rows.dtype) if p is not None else None for p in params]
-        return expert_mlp_grouped(rows, row_weights, dispatch.groups, dispatch.expert_of_row, *weights, self.gated)
+        return expert_mlp_grouped(rows, row_weights, layout, *weights, self.gated)
 
 
 class MoE(nn.Module):

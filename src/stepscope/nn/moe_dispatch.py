@@ -1,23 +1,23 @@
-"""The grouped fast path of the routed experts, piece by piece: permute the tokens into rows sorted by expert,
-run the experts as grouped GEMMs, put the rows back and sum them per token.
+"""The grouped fast path of the routed experts, piece by piece: permute the tokens into the expert buffer, run
+the experts as one GEMM per matrix over all experts, put the rows back and sum them per token.
 
-Every piece reads the one sort of the router (`Routing.order`) and computes no other:
-- `Dispatch`: row r of the sorted buffer holds assignment order[r], i.e. token order[r] // k; `bags` (T, k)
-  is the inverse, the row of each assignment. Every assignment has a row, dropped ones included (their
-  weight is 0, so their row contributes exactly 0 and receives no gradient): the shapes are static (T x k rows,
-  no host sync, nothing for torch.compile to specialise) and the experts compute tokens x k rows, the
-  activated FLOPs the model counts. The expert-parallel dispatcher, which must not send dropped rows, packs
-  the kept ones instead (`distributed.expert_parallel`).
+Every piece reads the router's one sort (`Routing.order`, `Routing.rank`) and sorts nothing again:
+- `Dispatch` places each assignment on a row of the expert buffer, in the layout its GEMM wants
+  (`moe_gemm`): `grouped_mm` rows sorted by expert (row = the assignment's position in the sort; every
+  assignment has a row, dropped ones with weight 0: static shapes, no host sync), or `bmm` blocks of
+  `per_expert` rows (row = expert x per_expert + rank; the unused rows zero-weighted, the dropped assignments
+  pointed at a zero-weighted row). `bags` (T, k) is the row of each assignment, `token_of_row` the token
+  each row reads. The expert-parallel dispatcher, which must not send dropped rows, packs the kept ones instead
+  (`distributed.expert_parallel`).
 - `permute` gathers the rows (`index_select`); its backward sums each token's k row gradients with one
   `embedding_bag` (a fused gather-and-sum; autograd's own backward of `index_select` is an `index_add`, which
   ran 3-4x slower on CPU and uses atomics on a GPU).
-- `expert_mlp_grouped`: the up and down GEMMs over all experts at once (`moe_gemm.grouped_mm`) with the
-  activation between them; the combine weight multiplies the activation (w * act(h)) @ W_down = w * (act(h)
-  @ W_down), so no pass over the (T x k, d_model) output is spent on it, and the weight's gradient comes from
-  the narrower (T x k, d_ff) activation in the same backward.
+- `expert_mlp_grouped`: both expert GEMMs with the activation between them; the combine weight multiplies the
+  activation, (w * act(h)) @ W_down = w * (act(h) @ W_down), so no pass over the (rows, d_model) output is spent
+  on it and the weight's gradient comes from the narrower (rows, d_ff) activation in the same backward. A row
+  of weight 0 (padding, dropped) contributes exactly 0 and passes no gradient to the experts or the input.
 - `combine` sums each token's k (already weighted) rows with `embedding_bag` (un-permutation and combine in
   one kernel); its backward is a gather of the output gradient.
-Backward passes reuse the forward's indices: nothing is sorted again.
 """
 
 from __future__ import annotations
@@ -27,41 +27,49 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from stepscope.nn.moe_gemm import Groups, grouped_mm
+from stepscope.nn.moe_gemm import Layout, expert_matmul
 from stepscope.nn.moe_routing import Routing
 
 
 @dataclass
 class Dispatch:
-    """Where the assignments of one forward sit in the buffer sorted by expert."""
+    """Where the assignments of one forward sit in the expert buffer."""
 
     token_of_row: torch.Tensor
-    """(T*k,) the token each row of the sorted buffer comes from."""
+    """(rows,) the token each row of the buffer reads (any token for a zero-weighted padding row)."""
     bags: torch.Tensor
-    """(T, k) the row of each assignment (the inverse permutation)."""
-    expert_of_row: torch.Tensor
-    """(T*k,) the expert of each row (non-decreasing)."""
-    groups: Groups
-    """Rows per expert (all assignments, dropped ones included)."""
-    order: torch.Tensor
-    """(T*k,) `Routing.order`: the flat assignment in each row."""
+    """(T, k) the row of each assignment."""
+    layout: Layout
 
     @classmethod
-    def of(cls, routing: Routing) -> Dispatch:
+    def of(cls, routing: Routing, kind: str) -> Dispatch:
+        """The rows of `routing`'s assignments in the layout of GEMM `kind` (`moe_gemm.gemm_kind`)."""
         tokens, k = routing.experts.shape
-        order = routing.order
-        position = torch.arange(order.numel(), device=order.device)
-        bags = torch.empty_like(order).scatter_(0, order, position).view(tokens, k)
-        expert_of_row = routing.experts.reshape(-1).index_select(0, order)
-        return cls(order // k, bags, expert_of_row, Groups(routing.counts), order)
+        flat = routing.experts.reshape(-1)
+        token = torch.arange(tokens * k, device=flat.device) // k
+        n_experts = routing.counts.numel()
+        if kind == "grouped_mm":
+            order = routing.order
+            bags = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+            layout = Layout.sorted(routing.counts, flat.index_select(0, order))
+            return cls(token.index_select(0, order), bags.view(tokens, k), layout)
+        # the layer's one host sync; with a capacity, one spare row per block takes the dropped assignments
+        per_expert = int(routing.kept_counts.max()) + (1 if routing.capacity is not None else 0)
+        rank = torch.where(routing.keep, routing.rank, per_expert - 1).reshape(-1)
+        bags = flat * per_expert + rank
+        token_of_row = torch.zeros(n_experts * per_expert, dtype=torch.long, device=flat.device)
+        token_of_row.scatter_(0, bags, token)
+        return cls(token_of_row, bags.view(tokens, k), Layout.padded(n_experts, per_expert, flat.device))
 
     def row_weights(self, routing: Routing) -> torch.Tensor:
-        """(T*k,) the combine weight of each row, 0 for dropped assignments (differentiable)."""
-        return routing.kept_weights().reshape(-1).index_select(0, self.order)
+        """(rows,) the combine weight of each row: 0 for padding rows and dropped assignments (differentiable)."""
+        weights = routing.kept_weights().reshape(-1)
+        return weights.new_zeros(self.layout.rows).scatter(0, self.bags.reshape(-1), weights)
 
 
 class _Permute(torch.autograd.Function):
-    """x (T, d) -> rows (T*k, d) sorted by expert; backward: each token's k row gradients summed."""
+    """x (T, d) -> the rows of the expert buffer; backward: each token's k row gradients summed. A padding row
+    (in no bag) passes no gradient: in the block its weight is 0, so its gradient is 0 anyway."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, token_of_row: torch.Tensor, bags: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
@@ -75,7 +83,8 @@ class _Permute(torch.autograd.Function):
 
 
 class _Combine(torch.autograd.Function):
-    """rows (T*k, d) sorted by expert -> (T, d), each token's k rows summed; backward: the gradient gathered."""
+    """rows of the expert buffer -> (T, d), each token's k rows summed; backward: the gradient gathered (a padding
+    row receives its token's, which its weight 0 stops before it reaches a parameter)."""
 
     @staticmethod
     def forward(ctx, rows: torch.Tensor, token_of_row: torch.Tensor, bags: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
@@ -89,7 +98,7 @@ class _Combine(torch.autograd.Function):
 
 
 def permute(x: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
-    """The token rows in expert order, (T*k, d)."""
+    """The token rows in the expert buffer, (rows, d)."""
     return _Permute.apply(x, dispatch.token_of_row, dispatch.bags)
 
 
@@ -146,18 +155,18 @@ def weighted_activation(h: torch.Tensor, w: torch.Tensor, gated: bool) -> torch.
     return (_WeightedSwiGLU if gated else _WeightedGELU).apply(h, w.to(h.dtype))
 
 
-def expert_mlp_grouped(rows: torch.Tensor, row_weights: torch.Tensor | None, dispatch_groups: Groups,
-                       expert_of_row: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
-                       b_up: torch.Tensor | None, b_down: torch.Tensor | None, gated: bool) -> torch.Tensor:
-    """Every expert on its rows (sorted by expert, `dispatch_groups`), each row's output times its weight
-    (None: 1). Weights (E, d, f'), (E, f, d), biases (E, f'), (E, d) as `RoutedExperts` holds them."""
-    h = grouped_mm(rows, w_up, dispatch_groups)
+def expert_mlp_grouped(rows: torch.Tensor, row_weights: torch.Tensor | None, layout: Layout, w_up: torch.Tensor,
+                       w_down: torch.Tensor, b_up: torch.Tensor | None, b_down: torch.Tensor | None,
+                       gated: bool) -> torch.Tensor:
+    """Every expert on its rows of the buffer (`layout`), each output row times its weight (None: 1). Weights
+    (E, d, f'), (E, f, d), biases (E, f'), (E, d) as `RoutedExperts` holds them."""
+    h = expert_matmul(rows, w_up, layout)
     if b_up is not None:
-        h = h + b_up.index_select(0, expert_of_row)
+        h = h + b_up.index_select(0, layout.expert_of_row)
     w = row_weights if row_weights is not None else rows.new_ones(rows.shape[0])
-    y = grouped_mm(weighted_activation(h, w, gated), w_down, dispatch_groups)
+    y = expert_matmul(weighted_activation(h, w, gated), w_down, layout)
     if b_down is not None:
-        y = y + w.to(y.dtype).unsqueeze(1) * b_down.index_select(0, expert_of_row)
+        y = y + w.to(y.dtype).unsqueeze(1) * b_down.index_select(0, layout.expert_of_row)
     return y
 
 

@@ -1,91 +1,90 @@
-"""The expert GEMMs as one grouped operation: rows sorted by expert, group g is rows offsets[g-1]:offsets[g],
-each group multiplied by its own matrix, `(N, K) x (G, K, M) -> (N, M)`.
+"""The expert GEMMs as one operation over all experts, in one of two row layouts of the expert buffer:
 
-Two implementations behind `grouped_mm`, chosen per device and dtype by `grouped_mm_kind`:
-- `torch._grouped_mm`: a real grouped GEMM on Hopper-class GPUs (CUTLASS, bf16), and in torch's CPU build a
-  loop of GEMMs in C++ over row slices (fp32 and bf16; no copies). Its rules, which this module keeps: offsets
-  int32 on the device (no host sync), every row stride a multiple of 16 bytes (so K and M multiples of 8 in
-  bf16, 4 in fp32), a contiguous gradient in backward, operands cast by hand (autocast does not cast them), and
-  under torch.compile only bf16 (its meta function refuses other dtypes).
-- `loop`: one `torch.mm` per group on a row slice, written into one preallocated output (forward and backward),
-  for everything else (older torch, fp32 on a GPU, GPUs before sm_90, unaligned widths). It needs the group
-  sizes on the host: one synchronisation per `Groups`, shared by every GEMM of the layer.
+- `grouped_mm` (sorted layout): the T x k rows sorted by expert, group e being rows offsets[e-1]:offsets[e];
+  `torch._grouped_mm` multiplies each group by its expert's matrix. A real grouped GEMM on Hopper-class GPUs
+  (CUTLASS, bf16), with no padding and no host sync. Its rules, which this module keeps: offsets int32 on
+  the device, every row stride a multiple of 16 bytes (K and M multiples of 8 in bf16), a contiguous gradient
+  in backward, operands cast by hand (autocast does not cast them), and under torch.compile bf16 only (its meta
+  function refuses other dtypes).
+- `bmm` (padded layout): n_experts blocks of `per_expert` rows (the busiest expert's kept count, read on the
+  host: one sync per layer), the unused rows of each block zero-weighted; one `torch.bmm` per matrix. Everywhere
+  else: CPUs, fp32 and fp16 on GPUs, GPUs before sm_90, unaligned widths.
+
+Why the padded bmm on a CPU although torch's CPU build has `_grouped_mm`: that one is a loop of one GEMM per
+expert, each its own OpenMP parallel region, and on a 2-core machine shared with another busy process every
+region waits for a time slice at its barrier. At the 32-expert shape of docs/moe.md (4,096 rows, 512 -> 512),
+one up-projection took 512 ms as 32 GEMMs (the loop in Python: the same) against 59 ms as one padded bmm and
+57 ms for the dense GEMM of the same FLOPs; on one thread, where no barrier waits, 42, 42, 45 and 39 ms. One
+region per GEMM, like the dense model's, is what makes the MoE block hold up beside it on a CPU; the padding
+(the busiest expert's rows over the mean, 1.15 at that shape) is the price.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-GROUPED_MM_KINDS = ("grouped_mm", "loop")
-"""What `grouped_mm_kind` may answer (tests force each with `force_grouped_mm_kind`)."""
+GEMM_KINDS = ("grouped_mm", "bmm")
+"""What `gemm_kind` may answer (tests and benchmarks force each with `force_gemm_kind`)."""
 _FORCED: list[str] = []
 
 
-@dataclass
-class Groups:
-    """Row groups of a matrix sorted by expert: the counts on the device, their running sums as int32 offsets
-    (what `torch._grouped_mm` takes), and the sizes on the host when a loop needs them (read once)."""
-
-    counts: torch.Tensor
-    """(G,) rows per group, on the device."""
-    offsets: torch.Tensor = field(init=False)
-    """(G,) int32 end of each group."""
-    _sizes: list[int] | None = field(default=None, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.offsets = self.counts.cumsum(0).to(torch.int32)
-
-    @classmethod
-    def of_sizes(cls, sizes: list[int], device: torch.device) -> Groups:
-        """Groups whose sizes the host knows already (no synchronisation when a loop reads them)."""
-        groups = cls(torch.tensor(sizes, dtype=torch.long).to(device))
-        groups._sizes = list(sizes)
-        return groups
-
-    def sizes(self) -> list[int]:
-        """Rows per group on the host (one device-to-host copy, the first time only)."""
-        if self._sizes is None:
-            self._sizes = self.counts.tolist()
-        return self._sizes
-
-
-def force_grouped_mm_kind(kind: str | None) -> None:
-    """Make `grouped_mm_kind` answer `kind` (None: choose by device and dtype again); for tests and benchmarks."""
-    if kind is not None and kind not in GROUPED_MM_KINDS:
-        raise ValueError(f"unknown grouped GEMM kind {kind!r}; known: {', '.join(GROUPED_MM_KINDS)}")
+def force_gemm_kind(kind: str | None) -> None:
+    """Make `gemm_kind` answer `kind` (None: choose by device and dtype again); for tests and benchmarks."""
+    if kind is not None and kind not in GEMM_KINDS:
+        raise ValueError(f"unknown expert GEMM kind {kind!r}; known: {', '.join(GEMM_KINDS)}")
     _FORCED[:] = [kind] if kind is not None else []
 
 
-def grouped_mm_kind(device: torch.device, dtype: torch.dtype, widths: tuple[int, ...]) -> str:
-    """`grouped_mm` where `torch._grouped_mm` runs for this device, dtype and row widths, else `loop`."""
+def gemm_kind(device: torch.device, dtype: torch.dtype, widths: tuple[int, ...]) -> str:
+    """`grouped_mm` where `torch._grouped_mm` is a real grouped GEMM (bf16 on sm_90 and later, 16-byte aligned
+    rows of every width), else `bmm`; forcing (`force_gemm_kind`) wins."""
     if _FORCED:
         return _FORCED[0]
-    if not hasattr(torch, "_grouped_mm") or any(width * _itemsize(dtype) % 16 for width in widths):
-        return "loop"
-    if device.type == "cuda":
-        # the CUTLASS kernel: bf16 on sm_90 (H100, H200) and later
-        return "grouped_mm" if dtype == torch.bfloat16 and torch.cuda.get_device_capability(device)[0] >= 9 \
-            else "loop"
-    if device.type == "cpu":
-        if dtype == torch.bfloat16:
-            return "grouped_mm"
-        # fp32 runs eagerly, but the meta function torch.compile traces with accepts bf16 only
-        return "grouped_mm" if dtype == torch.float32 and not torch.compiler.is_compiling() else "loop"
-    return "loop"
+    if (device.type == "cuda" and dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+            and torch.cuda.get_device_capability(device)[0] >= 9 and not any(width % 8 for width in widths)):
+        return "grouped_mm"
+    return "bmm"
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+@dataclass
+class Layout:
+    """How the rows of the expert buffer are laid out (see the module docstring)."""
+
+    kind: str
+    """grouped_mm (sorted) or bmm (padded)."""
+    n_experts: int
+    expert_of_row: torch.Tensor
+    """(rows,) the expert of each row (for the experts' biases)."""
+    offsets: torch.Tensor | None = None
+    """grouped_mm: (n_experts,) int32 running ends of the groups."""
+    per_expert: int = 0
+    """bmm: rows of each expert's block."""
+
+    @classmethod
+    def sorted(cls, counts: torch.Tensor, expert_of_row: torch.Tensor) -> Layout:
+        """Rows sorted by expert, `counts` (on the device) per expert: no host sync."""
+        return cls("grouped_mm", counts.numel(), expert_of_row, offsets=counts.cumsum(0).to(torch.int32))
+
+    @classmethod
+    def padded(cls, n_experts: int, per_expert: int, device: torch.device) -> Layout:
+        """`n_experts` blocks of `per_expert` rows."""
+        rows = torch.arange(n_experts, device=device).repeat_interleave(per_expert)
+        return cls("bmm", n_experts, rows, per_expert=per_expert)
+
+    @property
+    def rows(self) -> int:
+        return self.expert_of_row.shape[0]
 
 
-def grouped_mm(a: torch.Tensor, b: torch.Tensor, groups: Groups) -> torch.Tensor:
-    """(N, K) rows sorted by group x (G, K, M) -> (N, M); every row of `a` belongs to a group
-    (offsets[-1] == N)."""
-    if grouped_mm_kind(a.device, a.dtype, (a.shape[1], b.shape[2])) == "grouped_mm":
-        return _ContiguousGrad.apply(torch._grouped_mm(a, b, offs=groups.offsets))
-    return _LoopMM.apply(a, b, groups)
+def expert_matmul(a: torch.Tensor, b: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """(rows, K) in `layout` x (n_experts, K, M) -> (rows, M): every row times its expert's matrix."""
+    if layout.kind == "grouped_mm":
+        assert layout.offsets is not None
+        return _ContiguousGrad.apply(torch._grouped_mm(a, b, offs=layout.offsets))
+    blocks = a.view(layout.n_experts, layout.per_expert, a.shape[1])
+    return torch.bmm(blocks, b).view(layout.rows, b.shape[2])
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -99,42 +98,3 @@ class _ContiguousGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
         return grad.contiguous()
-
-
-class _LoopMM(torch.autograd.Function):
-    """One `torch.mm` per group into slices of one output (no concatenation, no zero-filled partial
-    gradients); the backward multiplies the same slices again."""
-
-    @staticmethod
-    def forward(ctx, a: torch.Tensor, b: torch.Tensor, groups: Groups) -> torch.Tensor:  # noqa: ANN001
-        ctx.save_for_backward(a, b)
-        ctx.groups = groups
-        out = a.new_empty(a.shape[0], b.shape[2])
-        for g, (start, stop) in enumerate(_bounds(groups)):
-            if stop > start:
-                torch.mm(a[start:stop], b[g], out=out[start:stop])
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:  # noqa: ANN001
-        a, b = ctx.saved_tensors
-        grad_a = a.new_empty(a.shape) if ctx.needs_input_grad[0] else None
-        grad_b = torch.empty_like(b) if ctx.needs_input_grad[1] else None
-        for g, (start, stop) in enumerate(_bounds(ctx.groups)):
-            if stop == start:
-                if grad_b is not None:
-                    grad_b[g].zero_()  # an expert without rows: no gradient (zero-filling all of grad_b costs a pass)
-                continue
-            if grad_a is not None:
-                torch.mm(grad[start:stop], b[g].t(), out=grad_a[start:stop])
-            if grad_b is not None:
-                torch.mm(a[start:stop].t(), grad[start:stop], out=grad_b[g])
-        return grad_a, grad_b, None
-
-
-def _bounds(groups: Groups) -> list[tuple[int, int]]:
-    bounds, start = [], 0
-    for size in groups.sizes():
-        bounds.append((start, start + size))
-        start += size
-    return bounds

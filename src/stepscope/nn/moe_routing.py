@@ -44,6 +44,8 @@ class Routing:
     give it none)."""
     keep: torch.Tensor
     """(T, k) bool: the assignment fits in its expert's capacity (all True when dropless)."""
+    rank: torch.Tensor
+    """(T, k) the assignment's position among its expert's, in token order (kept: rank < capacity)."""
     order: torch.Tensor
     """(T*k,) the flat (token-major) assignment indices sorted by expert, token order within an expert: the one
     sort every dispatcher reads."""
@@ -113,7 +115,7 @@ class Router(nn.Module):
         keep = rank < capacity if capacity is not None else torch.ones_like(experts, dtype=torch.bool)
         fraction = counts.float() / experts.numel()
         aux_loss = self.n_experts * (fraction * probs.mean(dim=0)).sum()
-        return Routing(experts, weights, keep, order, counts, capacity, aux_loss)
+        return Routing(experts, weights, keep, rank, order, counts, capacity, aux_loss)
 
     def limit_groups(self, selection: torch.Tensor) -> torch.Tensor:
         """Selection scores (T, E) with the experts outside each token's best groups set to -inf (unchanged

@@ -9,9 +9,10 @@ One forward on rank r (its own T tokens), on the single-process fast path's piec
    sizes on the host (the one host sync of the layer: `all_to_all_single` takes its splits as Python ints),
    pack the kept assignments in sorted order by index arithmetic (no second sort, no boolean mask), and send
    their token rows with `all_to_all_single` and uneven splits. Dropped assignments are never sent;
-3. experts: the received rows, which arrive grouped by source rank and then by expert, are regrouped by expert
-   with one gather (the permutation is known from the exchanged counts: nothing is sent besides the rows), run
-   through the owned experts as grouped GEMMs, and put back in arrival order;
+3. experts: the received rows, which arrive grouped by source rank and then by expert, are copied once into the
+   expert buffer in the layout of the GEMMs (`nn.moe_gemm`: sorted by expert, or padded blocks; where each row
+   goes follows from the exchanged counts: nothing is sent besides the rows), run through the owned experts,
+   and read back in arrival order;
 4. combine: the rows go back with the mirrored all-to-all, and each token's rows are weighted and summed in one
    `embedding_bag` (dropped assignments weigh 0); the shared experts (local) are added.
 The result equals the single-process `MoE` on the same tokens (the benchmark checks it before timing). Forward
@@ -28,8 +29,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from stepscope.nn.moe import MoE
-from stepscope.nn.moe_dispatch import Dispatch, expert_mlp_grouped
-from stepscope.nn.moe_gemm import Groups
+from stepscope.nn.moe_dispatch import expert_mlp_grouped
+from stepscope.nn.moe_gemm import Layout, gemm_kind
 from stepscope.nn.moe_routing import Routing
 
 PIECES = ("router", "dispatch", "experts", "combine", "shared")
@@ -65,7 +66,6 @@ class ExpertParallelMoE:
         per_expert, received = sizes[:len(sizes) // 2], sizes[len(sizes) // 2:]
         send = [sum(per_expert[r * self.local:(r + 1) * self.local]) for r in range(self.world)]
         recv = [sum(received[r * self.local:(r + 1) * self.local]) for r in range(self.world)]
-        dispatch = Dispatch.of(routing)
         packed = pack_kept(routing, sum(send))
         rows = x.index_select(0, packed // routing.experts.shape[1])
         arrived = x.new_empty(sum(recv), x.shape[1])
@@ -76,7 +76,7 @@ class ExpertParallelMoE:
         lap("experts")
         back = x.new_empty(rows.shape)
         dist.all_to_all_single(back, outputs, send, recv, group=self.group)
-        out = combine_kept(back, routing, packed_row_of_assignment(routing, dispatch))
+        out = combine_kept(back, routing, packed_row_of_assignment(routing))
         lap("combine")
         for shared in self.block.shared:
             out = out + shared(x)
@@ -85,27 +85,37 @@ class ExpertParallelMoE:
 
     def _experts(self, arrived: torch.Tensor, received: list[int]) -> torch.Tensor:
         """The owned experts on the rows that arrived ([source][expert] blocks, sizes `received`), in arrival
-        order."""
+        order: each row copied once into the expert buffer of the GEMM's layout and read back once."""
         if arrived.shape[0] == 0:
             return arrived
-        by_expert = [received[s * self.local + e] for e in range(self.local) for s in range(self.world)]
-        start = [0]
-        for size in received:
-            start.append(start[-1] + size)
-        source_start = [start[s * self.local + e] for e in range(self.local) for s in range(self.world)]
-        index = regroup_index(source_start, by_expert, arrived.device)  # row of arrival at each grouped position
-        grouped = arrived.index_select(0, index)
-        local_counts = [sum(received[s * self.local + e] for s in range(self.world)) for e in range(self.local)]
-        groups = Groups.of_sizes(local_counts, arrived.device)
-        expert_of_row = torch.repeat_interleave(torch.arange(self.local, device=arrived.device), groups.counts,
-                                                output_size=arrived.shape[0])
-        y = expert_mlp_grouped(grouped, None, groups, expert_of_row, *self.weights, self.gated)
-        return torch.empty_like(y).index_copy_(0, index, y)
+        kind = gemm_kind(arrived.device, arrived.dtype, (self.weights[0].shape[1], self.weights[0].shape[2],
+                                                         self.weights[1].shape[1]))
+        counts = [sum(received[s * self.local + e] for s in range(self.world)) for e in range(self.local)]
+        # where each expert's rows begin in the buffer: packed one after another, or in blocks of the busiest's
+        per_expert = max(counts)
+        starts = [e * per_expert for e in range(self.local)] if kind == "bmm" else \
+            [sum(counts[:e]) for e in range(self.local)]
+        bases, filled = [], [0] * self.local  # a block's first row: its expert's start plus the earlier sources'
+        for s in range(self.world):
+            for e in range(self.local):
+                bases.append(starts[e] + filled[e])
+                filled[e] += received[s * self.local + e]
+        device = arrived.device
+        if kind == "bmm":
+            layout = Layout.padded(self.local, per_expert, device)
+        else:
+            layout = Layout.sorted(torch.tensor(counts, device=device), torch.repeat_interleave(
+                torch.arange(self.local, device=device), torch.tensor(counts, device=device),
+                output_size=arrived.shape[0]))
+        rows = regroup_index(bases, received, device)  # the buffer row of each arrived row
+        buffer = arrived.new_zeros(layout.rows, arrived.shape[1]).index_copy_(0, rows, arrived)
+        y = expert_mlp_grouped(buffer, None, layout, *self.weights, self.gated)
+        return y.index_select(0, rows)
 
 
 def regroup_index(starts: list[int], sizes: list[int], device: torch.device) -> torch.Tensor:
-    """The concatenation of arange(start, start + size) over the blocks, built on the device in one
-    `repeat_interleave` (no Python loop over rows)."""
+    """The concatenation of arange(start, start + size) over the blocks (the buffer row of every row of each
+    block), built on the device in one `repeat_interleave` (no Python loop over rows)."""
     total = sum(sizes)
     sizes_t = torch.tensor(sizes, dtype=torch.long).to(device)
     block_start = torch.tensor(starts, dtype=torch.long).to(device)
@@ -123,13 +133,12 @@ def pack_kept(routing: Routing, kept: int) -> torch.Tensor:
         0, position, routing.order)[:kept]
 
 
-def packed_row_of_assignment(routing: Routing, dispatch: Dispatch) -> torch.Tensor:
+def packed_row_of_assignment(routing: Routing) -> torch.Tensor:
     """(T, k) the row of each kept assignment among the packed (sent) rows; 0 for the dropped ones, whose weight
     is 0."""
     keep_sorted = routing.keep.reshape(-1).index_select(0, routing.order)
-    packed_of_sorted = torch.cumsum(keep_sorted, 0) - 1
-    return torch.where(routing.keep, packed_of_sorted.index_select(0, dispatch.bags.reshape(-1)).view_as(
-        routing.keep), 0)
+    packed = torch.empty_like(routing.order).scatter_(0, routing.order, torch.cumsum(keep_sorted, 0) - 1)
+    return torch.where(routing.keep, packed.view_as(routing.keep), 0)
 
 
 def combine_kept(back: torch.Tensor, routing: Routing, rows: torch.Tensor) -> torch.Tensor:

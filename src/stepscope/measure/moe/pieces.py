@@ -7,7 +7,7 @@ grouped fast path's own functions (`nn.moe_dispatch`, `RoutedExperts.grouped_row
 forward of the block and detached, so a piece's time is its own forward and backward:
 - router: scores, top-k, weights, the sort by expert and the load-balancing loss;
 - permute: the dispatch indices, the token rows gathered in expert order, each row's combine weight;
-- experts: both expert GEMMs over all experts with the weighted activation between them;
+- experts: both expert GEMMs over all experts with the weighted activation between them (`nn.moe_gemm`);
 - combine: each token's rows put back and summed;
 - shared: the shared experts (models that have them).
 """
@@ -25,7 +25,7 @@ from stepscope.measure.device import autocast, dtype_of
 from stepscope.nn import AUX_LOSS_COEF
 from stepscope.nn.moe import MoE
 from stepscope.nn.moe_dispatch import Dispatch, combine, permute
-from stepscope.nn.moe_gemm import Groups, grouped_mm_kind
+from stepscope.nn.moe_gemm import gemm_kind
 from stepscope.nn.transformer import MLP
 from stepscope.spec import ModelSpec
 
@@ -64,7 +64,7 @@ class BlockBench:
     reference: MoE
     x: torch.Tensor
     gemm_kind: str
-    """Which grouped GEMM the experts ran (`torch._grouped_mm` or the loop, `nn.moe_gemm`)."""
+    """How the experts' GEMMs ran: `grouped_mm` or a padded `bmm` (`nn.moe_gemm`)."""
 
 
 def _output_grads(outputs: Sequence[torch.Tensor], generator: torch.Generator) -> list[torch.Tensor | None]:
@@ -90,12 +90,14 @@ def build_block_bench(spec: ModelSpec, dense_spec: ModelSpec, tokens: int, devic
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, spec.d_model, generator=generator).to(device).requires_grad_()
     dtype = dtype_of(precision)
+    experts = block.experts
+    kind = gemm_kind(device, dtype, (experts.w_up.shape[1], experts.w_up.shape[2], experts.w_down.shape[1]))
     with torch.no_grad(), autocast(device, precision):
         routing = block.router(x)
-        dispatch = Dispatch.of(routing)
+        dispatch = Dispatch.of(routing, kind)
         rows = permute(x.to(dtype), dispatch)
         row_weights = dispatch.row_weights(routing)
-        y = block.experts.grouped_rows(rows, row_weights, dispatch)
+        y = experts.grouped_rows(rows, row_weights, dispatch.layout)
     weights, x_rows, rows, row_weights, y = (_leaf(t) for t in (routing.weights, x.to(dtype), rows, row_weights, y))
 
     def run_block(module: MoE) -> Callable[[], Sequence[torch.Tensor]]:
@@ -108,14 +110,13 @@ def build_block_bench(spec: ModelSpec, dense_spec: ModelSpec, tokens: int, devic
         r = block.router(x)
         return r.weights, r.aux_loss * AUX_LOSS_COEF
 
-    def permute_piece() -> Sequence[torch.Tensor]:
+    def permute_piece() -> Sequence[torch.Tensor]:  # the dispatch's indices (and the bmm's host sync) included
         piece_routing = dataclasses.replace(routing, weights=weights)
-        piece_dispatch = Dispatch.of(piece_routing)
+        piece_dispatch = Dispatch.of(piece_routing, kind)
         return permute(x_rows, piece_dispatch), piece_dispatch.row_weights(piece_routing)
 
-    def experts() -> Sequence[torch.Tensor]:  # a fresh Groups: the loop GEMM reads the sizes once per forward
-        fresh = dataclasses.replace(dispatch, groups=Groups(routing.counts))
-        return (block.experts.grouped_rows(rows, row_weights, fresh),)
+    def expert_gemms() -> Sequence[torch.Tensor]:
+        return (experts.grouped_rows(rows, row_weights, dispatch.layout),)
 
     def shared() -> Sequence[torch.Tensor]:
         out = block.shared[0](x)
@@ -123,14 +124,14 @@ def build_block_bench(spec: ModelSpec, dense_spec: ModelSpec, tokens: int, devic
             out = out + expert(x)
         return (out,)
 
-    expert_params = list(block.experts.parameters())
+    expert_params = list(experts.parameters())
     forwards: dict[str, tuple[Callable[[], Sequence[torch.Tensor]], list[torch.Tensor]]] = {
         "moe block": (run_block(block), [x, *block.parameters()]),
         "reference block": (run_block(reference), [x, *reference.parameters()]),
         "dense mlp": (lambda: (dense(x),), [x, *dense.parameters()]),
         "router": (router, [x, *block.router.parameters()]),
         "permute": (permute_piece, [x_rows, weights]),
-        "experts": (experts, [rows, row_weights, *expert_params]),
+        "experts": (expert_gemms, [rows, row_weights, *expert_params]),
         "combine": (lambda: (combine(y, dispatch),), [y]),
     }
     if len(block.shared):
@@ -142,7 +143,6 @@ def build_block_bench(spec: ModelSpec, dense_spec: ModelSpec, tokens: int, devic
         with torch.no_grad(), autocast(device, precision):
             outputs = forward()
         candidates[name] = Candidate(forward, _output_grads(outputs, generator), leaves, backward)
-    kind = grouped_mm_kind(device, dtype, (spec.d_model, spec.expert_d_ff * (2 if spec.mlp == "swiglu" else 1)))
     return BlockBench(candidates, block, reference, x, kind)
 
 
