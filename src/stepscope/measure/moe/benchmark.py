@@ -109,11 +109,11 @@ class MoEDenseResult:
         c = self.config.step
         where = f"{self.device}, {self.threads} threads" + (
             f", load average {self.load_average[0]:.2f} -> {self.load_average[1]:.2f}" if self.load_average else "")
-        steps = Table("moe-vs-dense-steps", f"{c.model.name} step against its dense equivalent (d_ff "
+        steps = Table("moe-vs-dense", f"{c.model.name} step against its dense equivalent (d_ff "
                       f"{self.config.dense.d_ff}), batch {c.workload.batch} seq {c.workload.seq} {c.workload.mode} "
                       f"{c.workload.precision}; medians of {c.iters} interleaved rounds, ratio: median of the "
                       f"per-round ratios ({where})", ("model",), self.step_rows())
-        block = Table("moe-vs-dense-block", f"one MoE block ({c.workload.tokens} tokens; experts as {self.gemm_kind}) "
+        block = Table("moe-vs-dense", f"one MoE block ({c.workload.tokens} tokens; experts as {self.gemm_kind}) "
                       "beside its reference and the dense MLP; its pieces as shares of the block", ("candidate",),
                       self.block_rows())
         return [steps, block]
