@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from stepscope.nn.moe import MoE
 from stepscope.nn.moe_dispatch import Dispatch, combine, permute, weighted_activation
-from stepscope.nn.moe_gemm import Layout, expert_matmul, force_gemm_kind, gemm_kind
+from stepscope.nn.moe_gemm import Layout, choose_layout, expert_matmul, force_gemm_kind, gemm_kind
 from stepscope.nn.moe_routing import Routing, sort_by_expert
 from stepscope.nn.transformer import MLP
 from stepscope.spec import get_preset
@@ -121,15 +121,26 @@ def test_expert_gemm_equals_a_matmul_per_expert_with_experts_without_rows(kind):
 
 def test_which_expert_gemm_runs_where():
     cpu = torch.device("cpu")
-    for dtype in (torch.float32, torch.bfloat16, torch.float64):
-        assert gemm_kind(cpu, dtype, (64, 128)) == "bmm"  # one parallel region per GEMM on a CPU (moe_gemm)
+    assert gemm_kind(cpu, torch.float32, (64, 128)) == "auto"  # decided per layer from the counts
+    assert gemm_kind(cpu, torch.bfloat16, (64, 128)) == "auto"
+    assert gemm_kind(cpu, torch.float64, (64, 128)) == "bmm"  # _grouped_mm has no float64
+    assert gemm_kind(cpu, torch.float32, (64, 6)) == "bmm"  # 6 x 4 bytes: rows not 16-byte aligned
+    assert choose_layout(32, 160, 4096) == "bmm"  # 5,120 padded rows for 4,096: within 1.25x
+    assert choose_layout(32, 161, 4096) == "grouped_mm"
     force_gemm_kind("grouped_mm")
     try:
-        assert gemm_kind(cpu, torch.float32, (64, 128)) == "grouped_mm"
+        assert gemm_kind(cpu, torch.float64, (64, 6)) == "grouped_mm"
     finally:
         force_gemm_kind(None)
     with pytest.raises(ValueError, match="unknown expert GEMM kind"):
         force_gemm_kind("loop")
+
+
+def test_auto_pads_a_balanced_routing_and_sorts_a_skewed_one():
+    balanced = _routing([[0, 1], [2, 3], [1, 0], [3, 2]], 4, capacity=None)  # 2 rows each: no padding
+    assert Dispatch.of(balanced, "auto").layout.kind == "bmm"
+    skewed = _routing([[0, 1], [0, 2], [0, 3], [0, 1]], 4, capacity=None)  # expert 0: 4 of 8 rows, 16 padded
+    assert Dispatch.of(skewed, "auto").layout.kind == "grouped_mm"
 
 
 @pytest.mark.slow

@@ -2,13 +2,13 @@
 the experts as one GEMM per matrix over all experts, put the rows back and sum them per token.
 
 Every piece reads the router's one sort (`Routing.order`, `Routing.rank`) and sorts nothing again:
-- `Dispatch` places each assignment on a row of the expert buffer, in the layout its GEMM wants
-  (`moe_gemm`): `grouped_mm` rows sorted by expert (row = the assignment's position in the sort; every
-  assignment has a row, dropped ones with weight 0: static shapes, no host sync), or `bmm` blocks of
-  `per_expert` rows (row = expert x per_expert + rank; the unused rows zero-weighted, the dropped assignments
-  pointed at a zero-weighted row). `bags` (T, k) is the row of each assignment, `token_of_row` the token
-  each row reads. The expert-parallel dispatcher, which must not send dropped rows, packs the kept ones instead
-  (`distributed.expert_parallel`).
+- `Dispatch` places each assignment on a row of the expert buffer, in the layout the GEMMs want (`moe_gemm`,
+  which also says which runs where): `grouped_mm` rows sorted by expert (row = the assignment's position in
+  the sort; every assignment has a row, dropped ones with weight 0: static shapes, no host sync), or `bmm`
+  blocks of `per_expert` rows (row = expert x per_expert + rank; the unused rows zero-weighted, the dropped
+  assignments pointed at a zero-weighted spare row). `bags` (T, k) is the row of each assignment,
+  `token_of_row` the token each row reads. The expert-parallel dispatcher, which must not send dropped rows,
+  packs the kept ones instead (`distributed.expert_parallel`).
 - `permute` gathers the rows (`index_select`); its backward sums each token's k row gradients with one
   `embedding_bag` (a fused gather-and-sum; autograd's own backward of `index_select` is an `index_add`, which
   ran 3-4x slower on CPU and uses atomics on a GPU).
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from stepscope.nn.moe_gemm import Layout, expert_matmul
+from stepscope.nn.moe_gemm import Layout, choose_layout, expert_matmul
 from stepscope.nn.moe_routing import Routing
 
 
@@ -43,18 +43,21 @@ class Dispatch:
 
     @classmethod
     def of(cls, routing: Routing, kind: str) -> Dispatch:
-        """The rows of `routing`'s assignments in the layout of GEMM `kind` (`moe_gemm.gemm_kind`)."""
+        """The rows of `routing`'s assignments in the layout of GEMM `kind` (`moe_gemm.gemm_kind`; `auto` reads
+        the busiest expert's count and chooses)."""
         tokens, k = routing.experts.shape
         flat = routing.experts.reshape(-1)
         token = torch.arange(tokens * k, device=flat.device) // k
         n_experts = routing.counts.numel()
+        per_expert = 0
+        if kind != "grouped_mm":  # the layer's one host sync; with a capacity, a spare row per block for the dropped
+            per_expert = int(routing.kept_counts.max()) + (1 if routing.capacity is not None else 0)
+            kind = choose_layout(n_experts, per_expert, tokens * k) if kind == "auto" else kind
         if kind == "grouped_mm":
             order = routing.order
             bags = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
             layout = Layout.sorted(routing.counts, flat.index_select(0, order))
             return cls(token.index_select(0, order), bags.view(tokens, k), layout)
-        # the layer's one host sync; with a capacity, one spare row per block takes the dropped assignments
-        per_expert = int(routing.kept_counts.max()) + (1 if routing.capacity is not None else 0)
         rank = torch.where(routing.keep, routing.rank, per_expert - 1).reshape(-1)
         bags = flat * per_expert + rank
         token_of_row = torch.zeros(n_experts * per_expert, dtype=torch.long, device=flat.device)

@@ -1,22 +1,23 @@
 """The expert GEMMs as one operation over all experts, in one of two row layouts of the expert buffer:
 
 - `grouped_mm` (sorted layout): the T x k rows sorted by expert, group e being rows offsets[e-1]:offsets[e];
-  `torch._grouped_mm` multiplies each group by its expert's matrix. A real grouped GEMM on Hopper-class GPUs
-  (CUTLASS, bf16), with no padding and no host sync. Its rules, which this module keeps: offsets int32 on
-  the device, every row stride a multiple of 16 bytes (K and M multiples of 8 in bf16), a contiguous gradient
-  in backward, operands cast by hand (autocast does not cast them), and under torch.compile bf16 only (its meta
-  function refuses other dtypes).
+  `torch._grouped_mm` multiplies each group by its expert's matrix. No padding and no host sync. On Hopper-class
+  GPUs a real grouped GEMM (CUTLASS, bf16); in torch's CPU build a loop of one GEMM per expert in C++ (fp32,
+  bf16, fp16). Its rules, which this module keeps: offsets int32 on the device, every row stride a multiple of
+  16 bytes, a contiguous gradient in backward, operands cast by hand (autocast does not cast them), and under
+  torch.compile bf16 only (its meta function refuses other dtypes).
 - `bmm` (padded layout): n_experts blocks of `per_expert` rows (the busiest expert's kept count, read on the
-  host: one sync per layer), the unused rows of each block zero-weighted; one `torch.bmm` per matrix. Everywhere
-  else: CPUs, fp32 and fp16 on GPUs, GPUs before sm_90, unaligned widths.
+  host: one sync per layer), the unused rows of each block zero-weighted; one `torch.bmm` per matrix.
 
-Why the padded bmm on a CPU although torch's CPU build has `_grouped_mm`: that one is a loop of one GEMM per
-expert, each its own OpenMP parallel region, and on a 2-core machine shared with another busy process every
-region waits for a time slice at its barrier. At the 32-expert shape of docs/moe.md (4,096 rows, 512 -> 512),
-one up-projection took 512 ms as 32 GEMMs (the loop in Python: the same) against 59 ms as one padded bmm and
-57 ms for the dense GEMM of the same FLOPs; on one thread, where no barrier waits, 42, 42, 45 and 39 ms. One
-region per GEMM, like the dense model's, is what makes the MoE block hold up beside it on a CPU; the padding
-(the busiest expert's rows over the mean, 1.15 at that shape) is the price.
+Which one (`gemm_kind`): `grouped_mm` on sm_90 GPUs in bf16; `bmm` on other GPUs and dtypes; on a CPU `auto`,
+decided per layer from the counts (`choose_layout`): the padded bmm while its rows stay within `PADDING_LIMIT`
+of the rows needed, else the sorted rows. Why not always one of them on a CPU (docs/moe.md has the runs):
+- torch's CPU `_grouped_mm` runs one GEMM per expert, each its own OpenMP parallel region, and on a 2-core
+  machine shared with another busy process every region waits for a time slice at its barrier: at 32 experts
+  (4,096 rows, 512 -> 512) one up-projection took 512 ms as 32 GEMMs against 59 ms as one padded bmm and 57 ms
+  for the dense GEMM of the same FLOPs (one thread, no barrier: 42, 45 and 39 ms);
+- padding to the busiest expert multiplies the work by the routing's imbalance: 2.3x and 3.5x in the two MoE
+  blocks of a freshly initialised 32-expert model on its own hidden states.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from dataclasses import dataclass
 import torch
 
 GEMM_KINDS = ("grouped_mm", "bmm")
-"""What `gemm_kind` may answer (tests and benchmarks force each with `force_gemm_kind`)."""
+"""The layouts (tests and benchmarks force one with `force_gemm_kind`)."""
+PADDING_LIMIT = 1.25
+"""On a CPU, the padded bmm runs while its rows (n_experts x the busiest expert's) are at most this many times the
+rows of the sorted layout; beyond, the sorted rows' per-expert GEMMs cost less than the padding."""
 _FORCED: list[str] = []
 
 
@@ -38,14 +42,24 @@ def force_gemm_kind(kind: str | None) -> None:
 
 
 def gemm_kind(device: torch.device, dtype: torch.dtype, widths: tuple[int, ...]) -> str:
-    """`grouped_mm` where `torch._grouped_mm` is a real grouped GEMM (bf16 on sm_90 and later, 16-byte aligned
-    rows of every width), else `bmm`; forcing (`force_gemm_kind`) wins."""
+    """`grouped_mm`, `bmm`, or `auto` (decided per layer by `choose_layout`) for expert matrices of these widths
+    (see the module docstring); forcing (`force_gemm_kind`) wins."""
     if _FORCED:
         return _FORCED[0]
-    if (device.type == "cuda" and dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
-            and torch.cuda.get_device_capability(device)[0] >= 9 and not any(width % 8 for width in widths)):
-        return "grouped_mm"
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    usable = hasattr(torch, "_grouped_mm") and not any(width * itemsize % 16 for width in widths)
+    if device.type == "cuda":
+        sm90 = torch.cuda.get_device_capability(device)[0] >= 9
+        return "grouped_mm" if usable and sm90 and dtype == torch.bfloat16 else "bmm"
+    if device.type == "cpu" and usable and (dtype == torch.bfloat16 or (
+            dtype in (torch.float32, torch.float16) and not torch.compiler.is_compiling())):
+        return "auto"
     return "bmm"
+
+
+def choose_layout(n_experts: int, per_expert: int, rows: int) -> str:
+    """`auto`'s answer: `bmm` while n_experts x per_expert padded rows are within PADDING_LIMIT x `rows`."""
+    return "bmm" if n_experts * per_expert <= PADDING_LIMIT * rows else "grouped_mm"
 
 
 @dataclass

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from stepscope.nn.moe import MoE
 from stepscope.nn.moe_dispatch import expert_mlp_grouped
-from stepscope.nn.moe_gemm import Layout, gemm_kind
+from stepscope.nn.moe_gemm import Layout, choose_layout, gemm_kind
 from stepscope.nn.moe_routing import Routing
 
 PIECES = ("router", "dispatch", "experts", "combine", "shared")
@@ -93,6 +93,7 @@ class ExpertParallelMoE:
         counts = [sum(received[s * self.local + e] for s in range(self.world)) for e in range(self.local)]
         # where each expert's rows begin in the buffer: packed one after another, or in blocks of the busiest's
         per_expert = max(counts)
+        kind = choose_layout(self.local, per_expert, arrived.shape[0]) if kind == "auto" else kind
         starts = [e * per_expert for e in range(self.local)] if kind == "bmm" else \
             [sum(counts[:e]) for e in range(self.local)]
         bases, filled = [], [0] * self.local  # a block's first row: its expert's start plus the earlier sources'

@@ -64,7 +64,8 @@ class BlockBench:
     reference: MoE
     x: torch.Tensor
     gemm_kind: str
-    """How the experts' GEMMs ran: `grouped_mm` or a padded `bmm` (`nn.moe_gemm`)."""
+    """How the experts' GEMMs ran on these tokens: `grouped_mm` or a padded `bmm`, or `auto -> ` the one chosen
+    (`nn.moe_gemm`)."""
 
 
 def _output_grads(outputs: Sequence[torch.Tensor], generator: torch.Generator) -> list[torch.Tensor | None]:
@@ -143,7 +144,8 @@ def build_block_bench(spec: ModelSpec, dense_spec: ModelSpec, tokens: int, devic
         with torch.no_grad(), autocast(device, precision):
             outputs = forward()
         candidates[name] = Candidate(forward, _output_grads(outputs, generator), leaves, backward)
-    return BlockBench(candidates, block, reference, x, kind)
+    chosen = dispatch.layout.kind
+    return BlockBench(candidates, block, reference, x, f"{kind} -> {chosen}" if kind != chosen else kind)
 
 
 def block_error(bench: BlockBench, device: torch.device, precision: str) -> float:
