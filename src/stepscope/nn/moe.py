@@ -22,7 +22,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from stepscope.errors import UsageError
-from stepscope.nn.moe_dispatch import Dispatch, combine, compute_dtype, expert_mlp_grouped, permute
+from stepscope.nn.moe_dispatch import (
+    MOE_RANGE_PREFIX,
+    Dispatch,
+    combine,
+    compute_dtype,
+    expert_mlp_grouped,
+    moe_range,
+    permute,
+)
 from stepscope.nn.moe_gemm import Layout, gemm_kind
 from stepscope.nn.moe_routing import Router, Routing, expert_capacity
 from stepscope.spec import ModelSpec
@@ -34,14 +42,6 @@ MOE_IMPLS: tuple[str, ...] = ("grouped", "reference")
 """Expert implementations, the default first."""
 AUX_LOSS_COEF = 0.01
 """Weight of the load-balancing loss in the training loss (Switch Transformer's alpha = 1e-2)."""
-MOE_RANGE_PREFIX = "stepscope.moe."
-"""Profiler ranges around the MoE pieces: stepscope.moe.router, .dispatch, .experts, .combine, .shared."""
-
-
-def moe_range(piece: str) -> torch.profiler.record_function:
-    return torch.profiler.record_function(MOE_RANGE_PREFIX + piece)
-
-
 def expert_mlp(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, b_up: torch.Tensor | None,
                b_down: torch.Tensor | None, gated: bool) -> torch.Tensor:
     """One expert of the reference loop (x: (n, d), weights (d, f'), (f, d)): SwiGLU or GELU, like

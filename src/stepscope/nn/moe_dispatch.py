@@ -30,6 +30,15 @@ import torch.nn.functional as F
 from stepscope.nn.moe_gemm import Layout, choose_layout, expert_matmul
 from stepscope.nn.moe_routing import Routing
 
+MOE_RANGE_PREFIX = "stepscope.moe."
+"""Profiler ranges around the MoE pieces: stepscope.moe.router, .dispatch, .experts, .combine, .shared."""
+
+
+def moe_range(piece: str) -> torch.profiler.record_function:
+    """The profiler range of one piece. The backwards written here open it too: `profile` gives an autograd
+    node the piece of the forward op that made it, which it cannot match for a custom function's node."""
+    return torch.profiler.record_function(MOE_RANGE_PREFIX + piece)
+
 
 @dataclass
 class Dispatch:
@@ -82,7 +91,8 @@ class _Permute(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN001
         _, bags = ctx.saved_tensors
-        return F.embedding_bag(bags, grad.contiguous(), mode="sum"), None, None
+        with moe_range("dispatch"):
+            return F.embedding_bag(bags, grad.contiguous(), mode="sum"), None, None
 
 
 class _Combine(torch.autograd.Function):
@@ -97,7 +107,8 @@ class _Combine(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN001
         token_of_row, _ = ctx.saved_tensors
-        return grad.index_select(0, token_of_row), None, None
+        with moe_range("combine"):
+            return grad.index_select(0, token_of_row), None, None
 
 
 def permute(x: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
@@ -123,18 +134,22 @@ class _WeightedSwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
         h, w = ctx.saved_tensors
-        gate, up = h.chunk(2, dim=-1)
-        act = F.silu(gate)
-        grad_w = (grad * act * up).sum(dim=-1)
-        weighted = grad * w.unsqueeze(1)
-        if torch.compiler.is_compiling():  # dynamo breaks the graph at an `out=` into a strided view
-            grad_h = torch.cat([torch.ops.aten.silu_backward(weighted * up, gate), weighted * act], dim=-1)
-            return grad_h, grad_w.to(w.dtype)
-        grad_h = torch.empty_like(h)  # eagerly, both halves are written in place: no concatenation pass
-        grad_gate, grad_up = grad_h.chunk(2, dim=-1)
-        torch.ops.aten.silu_backward.grad_input(weighted * up, gate, grad_input=grad_gate)
-        torch.mul(weighted, act, out=grad_up)
-        return grad_h, grad_w.to(w.dtype)
+        with moe_range("experts"):
+            return _swiglu_backward(grad, h, w)
+
+
+def _swiglu_backward(grad: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    gate, up = h.chunk(2, dim=-1)
+    act = F.silu(gate)
+    grad_w = (grad * act * up).sum(dim=-1).to(w.dtype)
+    weighted = grad * w.unsqueeze(1)
+    if torch.compiler.is_compiling():  # dynamo breaks the graph at an `out=` into a strided view
+        return torch.cat([torch.ops.aten.silu_backward(weighted * up, gate), weighted * act], dim=-1), grad_w
+    grad_h = torch.empty_like(h)  # eagerly, both halves are written in place: no concatenation pass
+    grad_gate, grad_up = grad_h.chunk(2, dim=-1)
+    torch.ops.aten.silu_backward.grad_input(weighted * up, gate, grad_input=grad_gate)
+    torch.mul(weighted, act, out=grad_up)
+    return grad_h, grad_w
 
 
 class _WeightedGELU(torch.autograd.Function):
@@ -148,9 +163,10 @@ class _WeightedGELU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
         h, w = ctx.saved_tensors
-        grad_w = (grad * F.gelu(h, approximate="tanh")).sum(dim=-1)
-        grad_h = torch.ops.aten.gelu_backward(grad * w.unsqueeze(1), h, approximate="tanh")
-        return grad_h, grad_w.to(w.dtype)
+        with moe_range("experts"):
+            grad_w = (grad * F.gelu(h, approximate="tanh")).sum(dim=-1)
+            grad_h = torch.ops.aten.gelu_backward(grad * w.unsqueeze(1), h, approximate="tanh")
+            return grad_h, grad_w.to(w.dtype)
 
 
 def weighted_activation(h: torch.Tensor, w: torch.Tensor, gated: bool) -> torch.Tensor:
