@@ -11,7 +11,8 @@
 
 Which one (`gemm_kind`): `grouped_mm` on sm_90 GPUs in bf16; `bmm` on other GPUs and dtypes; on a CPU `auto`,
 decided per layer from the counts (`choose_layout`): the padded bmm while its rows stay within `PADDING_LIMIT`
-of the rows needed, else the sorted rows. Why not always one of them on a CPU (docs/moe.md has the runs):
+of the rows needed, else the sorted rows (under torch.compile on a CPU, `grouped_mm` in bf16: a graph without
+data-dependent shapes). Why not always one of them on a CPU (docs/moe.md has the runs):
 - torch's CPU `_grouped_mm` runs one GEMM per expert, each its own OpenMP parallel region, and on a 2-core
   machine shared with another busy process every region waits for a time slice at its barrier: at 32 experts
   (4,096 rows, 512 -> 512) one up-projection took 512 ms as 32 GEMMs against 59 ms as one padded bmm and 57 ms
@@ -51,10 +52,11 @@ def gemm_kind(device: torch.device, dtype: torch.dtype, widths: tuple[int, ...])
     if device.type == "cuda":
         sm90 = torch.cuda.get_device_capability(device)[0] >= 9
         return "grouped_mm" if usable and sm90 and dtype == torch.bfloat16 else "bmm"
-    if device.type == "cpu" and usable and (dtype == torch.bfloat16 or (
-            dtype in (torch.float32, torch.float16) and not torch.compiler.is_compiling())):
-        return "auto"
-    return "bmm"
+    if device.type != "cpu" or not usable:
+        return "bmm"
+    if torch.compiler.is_compiling():  # no data-dependent shapes in a graph; the meta function takes bf16 only
+        return "grouped_mm" if dtype == torch.bfloat16 else "bmm"
+    return "auto" if dtype in (torch.float32, torch.bfloat16, torch.float16) else "bmm"
 
 
 def choose_layout(n_experts: int, per_expert: int, rows: int) -> str:
