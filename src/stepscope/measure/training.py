@@ -50,7 +50,7 @@ class TrainingStep:
         self.loss_fn, self.micro_batches = loss_fn, micro_batches
         # AdamW's fused implementation (one pass over each chunk of tensors), as training frameworks run it and as
         # the performance model times it: the default multi-tensor AdamW ran 3.3x as long on an H200
-        # (docs/gpu-measurements.md), and on a CPU the default loop over tensors ran 10x as long on the 28M
+        # (docs/gpu-measurements.md), and on a CPU the default loop over tensors ran 5-7x as long on the 28M
         # parameters of a 32-expert MoE, whose stacked expert weights stream through memory once per elementwise
         # op (docs/moe.md)
         fused = {"fused": True} if optimizer == "adamw" and self.device.type in ("cuda", "cpu") else {}
