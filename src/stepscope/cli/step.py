@@ -130,6 +130,7 @@ def run_vs_dense(args: argparse.Namespace, configs: list[StepConfig]) -> int:
     else:
         for table in result.tables():
             printer.emit(table.rows, title=table.title)
+        printer.note(result.rates_line())
         printer.note(result.verdict())
     printer.note(f"records: {args.out}/moe-vs-dense.jsonl")
     return 1 if record["status"] == "mismatch" else 0

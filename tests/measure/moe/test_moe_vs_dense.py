@@ -41,10 +41,13 @@ def _result(mode: str = "fwd-bwd") -> MoEDenseResult:
 
 def test_figures_are_medians_per_round_ratios_and_shares_of_the_block():
     result = _result()
-    moe, dense, ratio = result.step_rows()
-    assert moe["step_ms"] == 8000.0 and dense["step_ms"] == 5000.0  # medians of 8, 8, 20 and 5, 4, 8
-    assert ratio["step_ms"] == pytest.approx(2.0)  # per-round 8/5, 8/4, 20/8: median 2, not 8000/5000
-    assert ratio["forward_ms"] == pytest.approx(2.5)  # 3/2, 4/1, 10/4
+    forward, backward, step = result.step_rows()
+    assert step["moe_ms"] == 8000.0 and step["dense_ms"] == 5000.0  # medians of 8, 8, 20 and 5, 4, 8
+    assert step["moe_over_dense"] == pytest.approx(2.0)  # per-round 8/5, 8/4, 20/8: median 2, not 8000/5000
+    assert forward["phase"] == "forward" and forward["moe_over_dense"] == pytest.approx(2.5)  # 3/2, 4/1, 10/4
+    assert backward["moe_over_dense"] == pytest.approx(5 / 3)  # 5/3, 4/3, 10/4
+    rates = result.rates()  # 16 tokens in the median step of 8 s and 5 s
+    assert rates["moe step"]["tokens_per_s"] == pytest.approx(2.0) and rates["dense step"]["tokens_per_s"] == 3.2
     blocks = {row["candidate"]: row for row in result.block_rows()}
     assert blocks["moe block"]["total_ms"] == 10000.0 and blocks["moe block"]["pct_of_moe_block"] == 100.0
     assert blocks["experts"]["pct_of_moe_block"] == pytest.approx(70.0)  # median 7 of the block's 10
@@ -66,7 +69,8 @@ def test_one_tiny_run_end_to_end(cli, tmp_path):
     assert metrics["max_abs_error"] <= 1e-5 and metrics["moe_step_n"] == 3
     for piece in ("router", "permute", "experts", "combine", "shared"):
         assert metrics[f"{piece}_forward_ms_median"] > 0 and metrics[f"{piece}_backward_ms_median"] > 0
-    assert metrics["step_ratio_median"] > 0 and "optimizer" in out and "moe / dense" in out
+    assert metrics["step_ratio_median"] > 0 and "optimizer" in out and "moe_over_dense" in out
+    assert metrics["moe_step_tokens_per_s"] == pytest.approx(16 / (metrics["moe_step_ms_median"] / 1e3))
     assert "grouped block equals the reference" in out
 
 

@@ -69,26 +69,24 @@ class MoEDenseResult:
         return Stats.of([x / y for x, y in zip(self.seconds(a, phase), self.seconds(b, phase), strict=True)])
 
     def step_rows(self) -> list[dict[str, Any]]:
-        workload = self.config.step.workload
-        specs = {"moe step": self.config.step.model, "dense step": self.config.dense}
+        """Per phase and for the whole step: both medians and the median of the per-round ratios."""
         rows = []
-        for label in STEPS:
-            row: dict[str, Any] = {"model": label, "d_ff": specs[label].expert_d_ff if label == "moe step" else
-                                   specs[label].d_ff}
-            for phase in workload.phases:
-                row[f"{phase}_ms"] = 1e3 * statistics.median(self.seconds(label, phase))
+        for phase in (*self.config.step.workload.phases, None):
+            rows.append({"phase": phase or "step",
+                         "moe_ms": 1e3 * statistics.median(self.seconds(STEPS[0], phase)),
+                         "dense_ms": 1e3 * statistics.median(self.seconds(STEPS[1], phase)),
+                         "moe_over_dense": self.ratio(*STEPS, phase).median})
+        return rows
+
+    def rates(self) -> dict[str, dict[str, float]]:
+        """Per model: tokens/s and activated GFLOP/s of its median step (FLOPs as `step` counts them)."""
+        workload = self.config.step.workload
+        out = {}
+        for label, spec in zip(STEPS, (self.config.step.model, self.config.dense), strict=True):
             step = statistics.median(self.seconds(label))
-            # activated FLOPs as `step` counts them: forward, and twice that again for backward
-            flops = workload.tokens * specs[label].forward_flops_per_token(workload.seq) * (
-                1 if workload.mode == "fwd" else 3)
-            row.update({"step_ms": 1e3 * step, "tokens_per_s": workload.tokens / step,
-                        "activated_GFLOPps": flops / step / 1e9})
-            rows.append(row)
-        ratio = {"model": "moe / dense", "d_ff": None}
-        for phase in workload.phases:
-            ratio[f"{phase}_ms"] = self.ratio(*STEPS, phase).median
-        ratio.update({"step_ms": self.ratio(*STEPS).median, "tokens_per_s": None, "activated_GFLOPps": None})
-        return [*rows, ratio]
+            flops = workload.tokens * spec.forward_flops_per_token(workload.seq) * (1 if workload.mode == "fwd" else 3)
+            out[label] = {"tokens_per_s": workload.tokens / step, "activated_GFLOPps": flops / step / 1e9}
+        return out
 
     def block_rows(self) -> list[dict[str, Any]]:
         block = statistics.median(self.seconds("moe block"))
@@ -109,14 +107,19 @@ class MoEDenseResult:
         c = self.config.step
         where = f"{self.device}, {self.threads} threads" + (
             f", load average {self.load_average[0]:.2f} -> {self.load_average[1]:.2f}" if self.load_average else "")
-        steps = Table("moe-vs-dense", f"{c.model.name} step against its dense equivalent (d_ff "
-                      f"{self.config.dense.d_ff}), batch {c.workload.batch} seq {c.workload.seq} {c.workload.mode} "
-                      f"{c.workload.precision}; medians of {c.iters} interleaved rounds, ratio: median of the "
-                      f"per-round ratios ({where})", ("model",), self.step_rows())
+        steps = Table("moe-vs-dense", f"{c.model.name} step (experts of d_ff {c.model.expert_d_ff}) against its dense "
+                      f"equivalent (d_ff {self.config.dense.d_ff}), batch {c.workload.batch} seq {c.workload.seq} "
+                      f"{c.workload.mode} {c.workload.precision}; medians of {c.iters} interleaved rounds, "
+                      f"moe_over_dense: median of the per-round ratios ({where})", ("phase",), self.step_rows())
         block = Table("moe-vs-dense", f"one MoE block ({c.workload.tokens} tokens; experts as {self.gemm_kind}) "
                       "beside its reference and the dense MLP; its pieces as shares of the block", ("candidate",),
                       self.block_rows())
         return [steps, block]
+
+    def rates_line(self) -> str:
+        """tokens/s and activated GFLOP/s of both steps."""
+        return "; ".join(f"{label}: {rate['tokens_per_s']:,.0f} tokens/s, {rate['activated_GFLOPps']:.1f} activated "
+                         "GFLOP/s" for label, rate in self.rates().items())
 
     def verdict(self) -> str:
         flops = self.config.flops_ratio
@@ -137,6 +140,10 @@ class MoEDenseResult:
             ratio = self.ratio(*STEPS, phase)
             name = f"step_{phase}_ratio" if phase else "step_ratio"
             metrics.update({f"{name}_median": ratio.median, f"{name}_p10": ratio.p10, f"{name}_p90": ratio.p90})
+        for label, rate in self.rates().items():
+            prefix = label.replace(" ", "_")
+            metrics.update({f"{prefix}_tokens_per_s": rate["tokens_per_s"],
+                            f"{prefix}_activated_GFLOPps": rate["activated_GFLOPps"]})
         metrics["block_forward_vs_reference_median"] = self.ratio("moe block", "reference block", "forward").median
         metrics["block_vs_dense_mlp_median"] = self.ratio("moe block", "dense mlp").median
         block = statistics.median(self.seconds("moe block"))
