@@ -24,6 +24,7 @@ _API: dict[str, str | tuple[str, str]] = {
     # measure: one training step and what is measured of it
     "StepConfig": "stepscope.measure.step.config", "run_step_sweep": "stepscope.measure.step.benchmark",
     "run_step_ab": "stepscope.measure.step.ab",
+    "MoEDenseConfig": "stepscope.measure.moe.config", "run_moe_vs_dense": "stepscope.measure.moe.benchmark",
     "ProfileConfig": "stepscope.measure.profile.config", "run_profile_sweep": "stepscope.measure.profile.benchmark",
     "MemoryConfig": "stepscope.measure.memory.config", "run_memory_sweep": "stepscope.measure.memory.benchmark",
     "AttentionBenchConfig": "stepscope.measure.attention.config",

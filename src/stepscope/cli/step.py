@@ -1,5 +1,6 @@
 """`stepscope step`: benchmark a training step per phase; comma lists sweep (one record per point).
-The work and the records: `stepscope.measure.step` (`run_step_sweep`, `run_step_ab` for `--ab`)."""
+The work and the records: `stepscope.measure.step` (`run_step_sweep`, `run_step_ab` for `--ab`) and
+`stepscope.measure.moe` (`run_moe_vs_dense` for `--vs-dense`)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ab", action="store_true",
                         help="compare exactly two setups (e.g. --attention naive,sdpa) side by side: whole steps of "
                              "A and B alternate, and the median per-pair time ratio is the answer")
+    parser.add_argument("--vs-dense", action="store_true",
+                        help="an MoE model's step beside the dense model of equal activated FLOPs (MLP width "
+                             "(k + shared) x expert_d_ff), and one MoE block against its reference and that dense "
+                             "MLP, piece by piece (router, permute, experts, combine), in one interleaved run")
     add_output_options(parser)
 
 
@@ -43,8 +48,14 @@ def run(args: argparse.Namespace) -> int:
 
     configs = step_configs(args, parse_list(args.warmup, non_negative_int, "--warmup"),
                            parse_list(args.iters, positive_int, "--iters"))
+    if args.ab and args.vs_dense:
+        from stepscope.errors import UsageError
+
+        raise UsageError("--ab and --vs-dense are two different comparisons: give one")
     if args.ab:
         return run_ab(args, configs)
+    if args.vs_dense:
+        return run_vs_dense(args, configs)
     printer = Printer(args.format)
     several_warmups = len({config.warmup for config in configs}) > 1
 
@@ -99,3 +110,27 @@ def run_ab(args: argparse.Namespace, configs: list[StepConfig]) -> int:
         printer.note(result.verdict())
     printer.note(f"records: {args.out}/step-ab.jsonl")
     return 0
+
+
+def run_vs_dense(args: argparse.Namespace, configs: list[StepConfig]) -> int:
+    """`--vs-dense`: one record (kind moe-vs-dense), two tables (the steps; the block and its pieces)."""
+    from stepscope.cli.output import Printer
+    from stepscope.errors import UsageError
+    from stepscope.measure.moe.benchmark import run_moe_vs_dense
+    from stepscope.measure.moe.config import MoEDenseConfig
+
+    if args.resume:
+        raise UsageError("--resume does not apply to --vs-dense (one measurement of two models)")
+    if len(configs) != 1:
+        raise UsageError(f"--vs-dense measures one MoE setup; these options make {len(configs)}")
+    printer = Printer(args.format)
+    record, result = run_moe_vs_dense(MoEDenseConfig(step=configs[0]), args.out)
+    if result is None:
+        printer.emit([{"status": record["status"], "note": record.get("note")}])
+    else:
+        for table in result.tables():
+            printer.emit(table.rows, title=table.title)
+        printer.note(result.rates_line())
+        printer.note(result.verdict())
+    printer.note(f"records: {args.out}/moe-vs-dense.jsonl")
+    return 1 if record["status"] == "mismatch" else 0

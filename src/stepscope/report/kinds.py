@@ -44,6 +44,7 @@ DESCRIPTIONS = {
     "comm": "Collectives with nccl-tests' conventions (time = max over ranks, algbw, busbw) and their α–β fits.",
     "ddp": "Data-parallel variants timed side by side, gradients checked against the reference.",
     "moe-ep": "An MoE layer expert-parallel over ranks: router, all-to-all dispatch, experts, combine (slowest rank).",
+    "moe-vs-dense": "An MoE step beside the dense model of equal activated FLOPs; its MoE block piece by piece.",
     "innet-bench": "In-network aggregation against the collective it replaces.",
     "innet-train": "Training through in-network aggregation, with and without faults.",
     "innet-simulate": "The in-network aggregation simulator swept over its parameters.",

@@ -1,5 +1,6 @@
 """`stepscope moe`: the expert-parallel layer on 2 spawned gloo ranks equals the single-process layer (with
-capacity drops and a shared expert), every piece is timed, the record is written; bad input costs no spawn."""
+capacity drops, asserted from an independent router, and a shared expert) and sends exactly the kept
+assignments, every piece is timed, the record is written; bad input costs no spawn."""
 
 import pytest
 
@@ -7,8 +8,38 @@ from stepscope.distributed.expert_parallel.config import EPConfig
 from stepscope.spec import get_preset
 
 
-def test_two_ranks_equal_the_reference_and_every_piece_is_timed(cli, tmp_path):
-    code, out, err = cli("moe", "--model", "tiny-moe", "--capacity-factor", "1.25", "--router", "sigmoid",
+def expected_dispatch(config: EPConfig) -> tuple[int, int]:
+    """(rows all ranks send, assignments the capacity drops) for the benchmark's seeded block and tokens, from the
+    independent per-token router of tests/nn (no stepscope routing code)."""
+    import torch
+
+    from stepscope.nn.moe import MoE
+    from stepscope.nn.transformer import MLP
+    from tests.nn.moe_equations import route
+
+    torch.manual_seed(config.seed)  # the block every rank builds
+    block = MoE(config.model, "reference", shared=MLP)
+    kept = dropped = 0
+    for rank in range(config.ep):
+        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + rank)
+        x = torch.randn(config.tokens, config.model.d_model, generator=generator)
+        bias = getattr(block.router, "bias", None)
+        plan, _ = route(x.double(), block.router.gate.weight.detach().double(), config.model.router,
+                        config.model.experts_per_token, bias=None if bias is None else bias.double(),
+                        capacity_factor=config.model.capacity_factor)
+        kept += sum(c.kept for choices in plan for c in choices)
+        dropped += sum(not c.kept for choices in plan for c in choices)
+    return kept, dropped
+
+
+def test_two_ranks_equal_the_reference_send_only_kept_rows_and_time_every_piece(cli, tmp_path):
+    """Capacity 1.0 on 96 tokens per rank: the seed is chosen so that the capacity drops assignments on both ranks
+    (asserted first, from the independent router); an expert-parallel layer that sent a dropped assignment would
+    send more rows than the kept ones, whatever its output."""
+    config = EPConfig(model=get_preset("tiny-moe", capacity_factor=1.0, router="sigmoid"), tokens=96, seed=0)
+    kept, dropped = expected_dispatch(config)
+    assert dropped > 0 and kept + dropped == 2 * 96 * 2
+    code, out, err = cli("moe", "--model", "tiny-moe", "--capacity-factor", "1", "--router", "sigmoid",
                          "--ep", "2", "--tokens", "96", "--warmup", "1", "--iters", "3", "--threads", "1",
                          "--out", tmp_path)
     assert code == 0, err
@@ -16,15 +47,15 @@ def test_two_ranks_equal_the_reference_and_every_piece_is_timed(cli, tmp_path):
     from stepscope.results.store import read_records
 
     record = read_records(tmp_path / "moe-ep.jsonl")[0]
-    metrics, config = record["metrics"], record["config"]
-    assert config["ep"] == 2 and config["model_spec"]["capacity_factor"] == 1.25 and record["env"]["world_size"] == 2
+    metrics, config_out = record["metrics"], record["config"]
+    assert config_out["ep"] == 2 and config_out["model_spec"]["capacity_factor"] == 1.0
+    assert record["env"]["world_size"] == 2
     assert metrics["max_abs_error"] <= 1e-5
+    assert metrics["dropped_assignments"] == dropped and metrics["dispatch_rows"] == kept
     for piece in ("router", "dispatch", "experts", "combine", "shared", "layer"):
         assert metrics[f"{piece}_ms_median"] > 0 and metrics[f"{piece}_n"] == 3
-    spec = get_preset("tiny-moe")
-    # capacity 1.25 x 96 x 2 / 4 = 60 rows per expert: at most 4 x 60 of the 192 assignments are sent
-    assert 0 < metrics["dispatch_bytes"] <= 96 * 2 * spec.d_model * 4
-    assert metrics["load_max_over_mean"] >= 1.0
+    # the busiest rank sent at most all its kept rows, fp32 of width 64, and at least half of them
+    assert kept / 2 * 64 * 4 <= metrics["dispatch_bytes"] <= kept * 64 * 4
 
 
 @pytest.mark.parametrize("args, message", [
@@ -51,7 +82,8 @@ def test_a_wrong_expert_parallel_output_fails_the_run_and_is_not_kept_as_ok(cli,
 
     def wrong(config):  # what a broken dispatch or combine reports: an output off by its own size
         pieces = {piece: Stats.of([1e-3, 2e-3]) for piece in (*benchmark.PIECES, "layer")}
-        return benchmark.EPResult(config=config, pieces=pieces, max_abs_error=1.0, dispatch_bytes=1024,
+        return benchmark.EPResult(config=config, pieces=pieces, max_abs_error=1.0, dispatch_bytes=1024, dispatch_rows=4,
+                                  dropped=0,
                                   load_max_over_mean=1.0, threads=1)
 
     monkeypatch.setattr(benchmark, "benchmark_ep", wrong)

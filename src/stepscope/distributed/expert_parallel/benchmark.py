@@ -37,6 +37,10 @@ class EPResult:
     """Largest |EP - reference| over the ranks' outputs, relative to the largest |reference|."""
     dispatch_bytes: int
     """Token bytes the busiest rank sent in one dispatch (the combine returns as many)."""
+    dispatch_rows: int
+    """Token rows all ranks sent in one dispatch together: the kept assignments, never a dropped one."""
+    dropped: int
+    """Assignments the capacity dropped, over all ranks (0 when dropless)."""
     load_max_over_mean: float
     """Assignments of the busiest expert over the mean (1 = perfectly balanced), summed over ranks."""
     threads: int
@@ -75,6 +79,7 @@ class EPResult:
         for piece, stats in self.pieces.items():
             metrics.update(stats.metrics(piece))
         metrics.update({"max_abs_error": self.max_abs_error, "dispatch_bytes": self.dispatch_bytes,
+                        "dispatch_rows": self.dispatch_rows, "dropped_assignments": self.dropped,
                         "load_max_over_mean": self.load_max_over_mean, "threads": self.threads,
                         "comm_pct": 100.0 * (self.pieces["dispatch"].median + self.pieces["combine"].median)
                         / self.pieces["layer"].median})
@@ -111,8 +116,8 @@ def _rank(ctx: Any, config: EPConfig) -> dict[str, Any]:
         if index >= config.warmup:
             samples.append(dict(seconds))
     bytes_sent = layer.sent_rows * config.model.d_model * x.element_size()
-    return {"samples": samples, "error": error, "bytes": bytes_sent, "counts": counts.tolist(),
-            "threads": torch.get_num_threads()}
+    return {"samples": samples, "error": error, "bytes": bytes_sent, "rows": layer.sent_rows,
+            "dropped": int((~routing.keep).sum()), "counts": counts.tolist(), "threads": torch.get_num_threads()}
 
 
 def benchmark_ep(config: EPConfig) -> EPResult:
@@ -131,6 +136,7 @@ def benchmark_ep(config: EPConfig) -> EPResult:
     mean = sum(counts) / len(counts)
     return EPResult(config=config, pieces={piece: Stats.of(values) for piece, values in slowest.items()},
                     max_abs_error=max(r["error"] for r in results), dispatch_bytes=max(r["bytes"] for r in results),
+                    dispatch_rows=sum(r["rows"] for r in results), dropped=sum(r["dropped"] for r in results),
                     load_max_over_mean=max(counts) / mean if mean else 1.0, threads=results[0]["threads"])
 
 

@@ -34,7 +34,7 @@ class StepConfig:
     seed: int = 0
     """Seed for weights and the random batch."""
     moe_impl: str = "grouped"
-    """Routed-expert implementation of an MoE model: grouped (padded batched matmul) or reference (a loop)."""
+    """Routed-expert implementation of an MoE model: grouped (the fast path, docs/moe.md) or reference (a loop)."""
 
     def validate(self) -> None:
         """Everything that can be checked before building anything (raises UsageError)."""
