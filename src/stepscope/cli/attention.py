@@ -33,7 +33,6 @@ DESCRIPTION = ("Check every implementation against fp64, then time them side by 
                "peak memory. Comma lists sweep; options given override the --grid preset.")
 
 
-_MAIN_COLUMNS = ("impl", "status")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,6 @@ time, and only ops with no costed op inside them count (the innermost ones), so 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,8 +183,3 @@ def _owner(trace: RankTrace, parent: np.ndarray, tids: np.ndarray, times: np.nda
         owner[mine] = candidate
     return owner
 
-
-def rank_roofline(trace: RankTrace, peaks_of: Callable[[str], DevicePeaks]) -> tuple[list[RooflineRow],
-                                                                                   DevicePeaks]:
-    """The rows of one rank and the peaks of its device (`peaks_of(device name)`)."""
-    return roofline(trace), peaks_of(trace.device_name)

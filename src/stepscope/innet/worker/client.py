@@ -69,7 +69,6 @@ class InnetJob:
         self.next_op = 1
         self._in_flight: list[Op] = []  # submitted ops not finished yet (for the overlap check)
         self._refused: str | None = None  # why an op was refused on this rank: the job cannot go on
-        self.members_joined = 0
         self._lock = threading.Lock()
 
     # ---- membership ---------------------------------------------------------------------------
@@ -90,7 +89,7 @@ class InnetJob:
                     raise InnetError(f"cannot reach the innet switch at {cfg.switch}: "
                                      f"{error.strerror or error}") from None
                 sock.setblocking(False)
-                self.members_joined = self._handshake(sock, wait_all)
+                self._handshake(sock, wait_all)
         except BaseException:
             for sock in socks:
                 sock.close()
