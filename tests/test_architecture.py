@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
+
+from stepscope.spec.system import tomllib  # tomli before Python 3.11
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "stepscope"

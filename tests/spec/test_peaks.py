@@ -4,11 +4,10 @@ take their matrix peaks from it (one source)."""
 from importlib import resources
 
 import pytest
-import tomllib
 
 from stepscope.errors import UsageError
 from stepscope.spec.peaks import accelerator_peaks, published_matrix_TFLOPps, published_peak
-from stepscope.spec.system import list_systems, load_system, parse_system_toml, system_to_toml
+from stepscope.spec.system import list_systems, load_system, parse_system_toml, system_to_toml, tomllib
 
 
 def test_every_row_has_positive_rates_and_a_source():
