@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.results.files import check_results_folder
+from stepscope.results.files import check_results_folder, make_folder, note_created
 
 SCHEMA = "stepscope/1"
 STATUSES = ("ok", "oom", "mismatch", "unsupported", "error")
@@ -57,12 +57,15 @@ class RecordStore:
     def check_writable(self) -> RecordStore:
         """Create the folder and prove the file can be appended to, before any work is done."""
         check_results_folder(self.path.parent)
+        existed = self.path.exists()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_folder(self.path.parent)
             with open(self.path, "a"):
                 pass
         except OSError as error:
             raise UsageError(f"cannot write results to {self.path}: {error.strerror or error}") from None
+        if not existed:
+            note_created(self.path)
         return self
 
     def append(self, record: dict[str, Any]) -> None:

@@ -164,9 +164,9 @@ def run_calibrate_rates(config: RatesCalibrationConfig, out: str | os.PathLike |
     if not config.rates:
         raise UsageError("--rates needs at least one op-rates JSON file")
     base = load_system(config.base)
+    system, rows = fitted_rates(read_rates(config.rates), base)  # inputs first: a bad file creates no output
     target = check_writable_file(config.system_out, "the system")
     records = RunRecords(out, "calibrate-rates")
-    system, rows = fitted_rates(read_rates(config.rates), base)
     if config.name:
         system = dataclasses.replace(system, name=config.name)
     header = f"stepscope calibrate --rates {' '.join(map(str, config.rates))} --base {config.base}"
