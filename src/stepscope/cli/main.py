@@ -17,9 +17,10 @@ from typing import NoReturn
 from stepscope.errors import DistributedError, UsageError
 from stepscope.results.files import remove_created
 
-COMMANDS = ("step", "profile", "memory", "attention", "comm", "ddp", "moe", "predict", "plan", "calibrate",
+COMMANDS = ("step", "profile", "memory", "attention", "op_rates", "comm", "ddp", "moe", "predict", "plan", "calibrate",
             "compare", "validate", "trace", "innet", "precision", "show", "report", "models")
-"""The command modules of this package, in the order `--help` lists them. Each defines NAME, HELP, DESCRIPTION,
+"""The command modules of this package, in the order `--help` lists them (a module's NAME is the command:
+`op_rates` is `op-rates`). Each defines NAME, HELP, DESCRIPTION,
 `add_options(parser)` and `run(args)` (see `stepscope.cli.options.add_command`)."""
 
 
