@@ -100,7 +100,7 @@ def build_config(args: argparse.Namespace) -> CommConfig:
         root=one_value(args.root, non_negative_int, "--root"),
         skews=tuple(dict.fromkeys(parse_list(args.skew, non_negative_float, "--skew"))), seed=args.seed,
         threads=optional_value(args.threads, positive_int, "--threads"),
-        timeout_s=one_value(args.timeout, positive_float, "--timeout"), tally=args.tally == "api",
+        timeout_s=one_value(args.timeout_s, positive_float, "--timeout-s"), tally=args.tally == "api",
         syscalls=args.tally == "syscalls")
 
 

@@ -91,7 +91,7 @@ def build_configs(args: argparse.Namespace) -> list[DDPBenchConfig]:
         comm_iters=one_value(args.comm_iters, positive_int, "--comm-iters"),
         backend=one_value(args.backend, choice("auto", "gloo", "nccl"), "--backend"),
         seed=one_value(args.seed, non_negative_int, "--seed"),
-        timeout_s=one_value(args.timeout, positive_float, "--timeout"), oversubscribe=args.oversubscribe)
+        timeout_s=one_value(args.timeout_s, positive_float, "--timeout-s"), oversubscribe=args.oversubscribe)
     batches = unique(parse_list(args.batch, positive_int, "--batch"))
     seqs = unique(parse_list(args.seq, positive_int, "--seq"))
     threads = [None] if args.threads is None else unique(parse_list(args.threads, positive_int, "--threads"))
