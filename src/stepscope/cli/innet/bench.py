@@ -42,7 +42,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     option("--batch", "ops issued together in batch mode")
     option("--warmup", "untimed iterations per cell")
     option("--iters", "timed iterations per cell")
-    option("--dtype", "f32 (quantized) or i32 (exact sum)")
+    option("--dtype", "fp32 (quantized) or int32 (exact sum); f32, i32 as before")
     option("--op", "avg or sum")
     option(("-k", "--k"), "fastest-K (default: world, no tolerance)")
     parser.add_argument("--preemptive", action="store_true", help="complete blocks at K without the timeout")
@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
                          batch=one_value(args.batch, positive_int, "--batch"),
                          warmup=one_value(args.warmup, non_negative_int, "--warmup"),
                          iters=one_value(args.iters, positive_int, "--iters"),
-                         dtype=args.dtype, op=args.op, k=innet_options.optional_k(args.k),
+                         dtype=one_value(args.dtype, innet_options.element_dtype, "--dtype"), op=args.op,
+                         k=innet_options.optional_k(args.k),
                          preemptive=args.preemptive, gloo=not args.no_gloo, check=args.check, seed=args.seed,
                          switch_shards=one_value(args.switch_shards, positive_int, "--switch-shards"),
                          job=innet_options.job_config(args), syscalls=args.tally == "syscalls")

@@ -47,8 +47,8 @@ class BenchConfig:
     """Untimed iterations per cell."""
     iters: int = 10
     """Timed iterations per cell."""
-    dtype: str = "f32"
-    """f32 (quantized, averaged or summed) or i32 (exact sums; averages truncated toward zero)."""
+    dtype: str = "fp32"
+    """fp32 (quantized, averaged or summed) or int32 (exact sums; averages truncated toward zero)."""
     op: str = "avg"
     """avg or sum."""
     k: int | None = None
@@ -75,8 +75,8 @@ class BenchConfig:
             raise UsageError("--sizes must be multiples of 4 bytes (float32/int32 elements)")
         if any(mode not in CALL_MODES for mode in self.modes):
             raise UsageError(f"--mode must be {' or '.join(CALL_MODES)}")
-        if self.dtype not in ("f32", "i32") or self.op not in ("avg", "sum"):
-            raise UsageError("--dtype f32|i32 and --op avg|sum")
+        if self.dtype not in ("fp32", "int32") or self.op not in ("avg", "sum"):
+            raise UsageError("--dtype fp32|int32 and --op avg|sum")
         if self.k is not None and not 1 <= self.k <= self.world:
             raise UsageError(f"-k must be 1..world ({self.world})")
         if self.batch < 1 or self.iters < 1 or self.warmup < 0:

@@ -100,7 +100,7 @@ def profile_rank(ctx: Any, config: ProfileConfig, out: str | os.PathLike | None)
     from stepscope.measure.environment import torch_environment
 
     numel = config.size_bytes // 4
-    source = reference_input(config.seed, ctx.rank, numel, "f32")
+    source = reference_input(config.seed, ctx.rank, numel, "fp32")
     buffers = [np.empty_like(source) for _ in range(config.ops)]
     store = RecordStore(out, "innet-timeout-profile") if out is not None and ctx.rank == 0 else None
     env = torch_environment("cpu", ctx.world_size) if ctx.rank == 0 else {}
