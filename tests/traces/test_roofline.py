@@ -44,8 +44,8 @@ def test_linear_counts_its_addmm_kernel_once_and_attention_is_causal(tmp_path: P
     assert gemm.bytes == 2 * (256 + 64 * 128 + 128 * 256 + 64 * 256)
     peaks = device_peaks("NVIDIA H100 80GB HBM3")
     metrics = gemm.metrics(peaks)
-    assert metrics["tflops"] == pytest.approx(2 * 64 * 128 * 256 / 10e-6 / 1e12)
-    assert metrics["peak_pct"] == pytest.approx(100 * metrics["tflops"] / 989.0)
+    assert metrics["TFLOPps"] == pytest.approx(2 * 64 * 128 * 256 / 10e-6 / 1e12)
+    assert metrics["peak_pct"] == pytest.approx(100 * metrics["TFLOPps"] / 989.0)
     attention = rows["aten::_scaled_dot_product_flash_attention"]
     assert attention.flops == 4 * 2 * 4 * 256 * 256 * 64 * 0.5 and attention.time_us == 8 and attention.kernels == 2
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.cli.options import (
+    add_alias,
     add_config_option,
     add_output_options,
     add_plot_options,
@@ -45,7 +46,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     option("--world", "ranks to spawn (torchrun sets its own)")
     option("--precision", "|".join(PRECISIONS))
     option("--variants", "which to run; torch = torch.nn.parallel.DistributedDataParallel with the same caps")
-    option("--bucket-mb", "bucket caps in MiB for bucketed and torch; 'none' = one bucket", show=_show_cap)
+    option("--bucket-MiB", "bucket caps in MiB for bucketed and torch; 'none' = one bucket", show=_show_cap)
+    add_alias(parser, "--bucket-mb", "--bucket-MiB")
     option("--bucket-rule", "strict|torch: how DDPBucketed fills buckets")
     group.add_argument("--shard-optimizer", action="store_true",
                        help="time steps with ShardedOptimizer(AdamW) (memory is shown for both)")
@@ -83,7 +85,7 @@ def build_configs(args: argparse.Namespace) -> list[DDPBenchConfig]:
         world=effective_world(one_value(args.world, positive_int, "--world")),
         precision=one_value(args.precision, choice(*PRECISIONS), "--precision"),
         variants=tuple(dict.fromkeys(parse_list(args.variants, choice(*ALL_VARIANTS), "--variants"))),
-        bucket_mb=tuple(dict.fromkeys(parse_list(args.bucket_mb, _cap, "--bucket-mb"))),
+        bucket_MiB=tuple(dict.fromkeys(parse_list(args.bucket_MiB, _cap, "--bucket-MiB"))),
         bucket_rule=one_value(args.bucket_rule, choice("strict", "torch"), "--bucket-rule"),
         shard_optimizer=args.shard_optimizer,
         warmup=one_value(args.warmup, non_negative_int, "--warmup"),

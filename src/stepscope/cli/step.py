@@ -22,7 +22,7 @@ DESCRIPTION = "Time a training step phase by phase. Comma lists sweep."
 
 
 SUMMARY_COLUMNS = ["model", "batch", "seq", "mode", "precision", "attention", "moe_impl", "warmup", "threads", "status",
-                   "step_ms_median", "step_tokens_per_s", "step_GFLOPps", "step_gemm_fraction", "step_mfu_pct"]
+                   "step_ms_median", "step_tokens_per_s", "step_TFLOPps", "step_gemm_fraction", "step_mfu_pct"]
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:

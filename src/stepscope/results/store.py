@@ -23,6 +23,7 @@ from typing import Any
 
 from stepscope.errors import UsageError
 from stepscope.results.files import check_results_folder, make_folder, note_created
+from stepscope.results.renames import upgrade
 
 SCHEMA = "stepscope/1"
 STATUSES = ("ok", "oom", "mismatch", "unsupported", "error")
@@ -167,4 +168,4 @@ def _parse(line: str) -> dict[str, Any] | None:
     # a line of the right schema whose sections are not tables is not one of our records either
     if any(not isinstance(record.get(section, {}), dict) for section in ("config", "metrics", "env")):
         return None
-    return record
+    return upgrade(record)  # fields renamed since it was written: under today's names and units

@@ -29,8 +29,8 @@ DESCRIPTION = ("In-network all-reduce through a switch process, per-op and batch
                "at the same world size.")
 
 
-COLUMNS = ["size_bytes", "mode", "innet_latency_ms_median", "innet_algbw_Gbps", "gloo_latency_ms_median",
-           "gloo_algbw_Gbps", "innet_vs_gloo_speedup", "ok", "to", "kr", "re", "dup", "old", "bad",
+COLUMNS = ["size_bytes", "mode", "innet_latency_ms_median", "innet_algbw_GBps", "gloo_latency_ms_median",
+           "gloo_algbw_GBps", "innet_vs_gloo_speedup", "ok", "to", "kr", "re", "dup", "old", "bad",
            "worker_retransmissions", "checked_elements", "wrong_elements", "unchecked_elements"]
 
 

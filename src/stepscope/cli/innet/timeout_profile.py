@@ -67,6 +67,6 @@ def run(args: argparse.Namespace) -> int:
                      f"k {config.job.k} values/packet, slots {config.job.slots}"
                      + (f"; injected straggler: {straggler.describe()} (steps: ops of a cell)" if straggler else ""))
         printer.emit(profile_table(rows, config.ops), title=f"ok / to blocks (RTO {config.rto_ms[0]:g} ms)")
-        printer.emit(throughput_table(rows), title=f"{config.ops} ops waited: Gb/s")
+        printer.emit(throughput_table(rows), title=f"{config.ops} ops waited: GB/s")
     printer.note(f"records: {outcome.records}")
     return 0

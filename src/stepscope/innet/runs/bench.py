@@ -223,9 +223,9 @@ def _row(config: BenchConfig, size: int, mode: str, ops: int, gathered: list[Any
         median = float(np.median(slowest))
         row[f"{impl}_latency_ms_median"] = median * 1e3 / ops
         row[f"{impl}_latency_ms_p90"] = float(np.percentile(slowest, 90)) * 1e3 / ops
-        row[f"{impl}_algbw_Gbps"] = size * 8 * ops / median / 1e9
-    if "gloo_algbw_Gbps" in row:
-        row["innet_vs_gloo_speedup"] = row["innet_algbw_Gbps"] / row["gloo_algbw_Gbps"]
+        row[f"{impl}_algbw_GBps"] = size * ops / median / 1e9
+    if "gloo_algbw_GBps" in row:
+        row["innet_vs_gloo_speedup"] = row["innet_algbw_GBps"] / row["gloo_algbw_GBps"]
     for name in COUNTER_COLUMNS:
         row[name] = after.get(name, 0) - before.get(name, 0)
     checks = CheckResult()

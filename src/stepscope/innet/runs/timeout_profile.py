@@ -138,7 +138,7 @@ def profile_rank(ctx: Any, config: ProfileConfig, out: str | os.PathLike | None)
                 row = {"sto_ms": sto, "sto_ticks": sto_ticks_from_ms(sto), "rto_ms": rto, "workload": workload,
                        "ok": counters["ok"], "to": counters["to"], "re": counters["re"], "dup": counters["dup"],
                        "old": counters["old"], "seconds": max(times),
-                       "algbw_Gbps": config.size_bytes * count * 8 / max(times) / 1e9}
+                       "algbw_GBps": config.size_bytes * count / max(times) / 1e9}
                 rows.append(row)
                 if store is not None:
                     store.append(make_record("innet-timeout-profile", {**config.to_dict(), "sto_ms": sto,
@@ -180,5 +180,5 @@ def throughput_table(rows: Iterable[dict[str, Any]], workload: str = "waited") -
         if row["workload"] != workload:
             continue
         line = table.setdefault(row["sto_ms"], {"STO ms (ticks)": f"{row['sto_ms']:g} ({row['sto_ticks']})"})
-        line[f"RTO {row['rto_ms']:g} ms Gb/s"] = row["algbw_Gbps"]
+        line[f"RTO {row['rto_ms']:g} ms GB/s"] = row["algbw_GBps"]
     return list(table.values())

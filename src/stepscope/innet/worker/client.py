@@ -152,11 +152,11 @@ class InnetJob:
             if h.flags & p.BAD:
                 code = int(values[0]) if len(values) else 0
                 reason = p.REJECT_REASONS.get(code, "rejected")
-                if code == 4:  # say how much: the switch's limit is its --max-job-mib
+                if code == 4:  # say how much: the switch's limit is its --max-job-MiB
                     from stepscope.innet.switch.job import SwitchJob
 
                     need = -(-SwitchJob.memory_bytes(self.config.world, self.config.join_params()) // 2**20)
-                    reason += f" (this job needs {need:,} MiB: start the switch with --max-job-mib {need} or more)"
+                    reason += f" (this job needs {need:,} MiB: start the switch with --max-job-MiB {need} or more)"
                 raise InnetError(f"the switch rejected job {self.config.job_id}: {reason}")
             return int(values[4]) if len(values) > 4 else 0
 
