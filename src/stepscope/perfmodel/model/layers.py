@@ -99,4 +99,5 @@ def _row(op: Op, workload: Workload, plan: ParallelPlan, system: SystemSpec, lay
             "total_mem_fwd_MiB": (saved + weights) / MiB, "flops_bwd_GFLOP": _one(op.backward.flops) / 1e9,
             "comm_fwd": _describe(op.forward), "comm_bwd": _describe(op.backward), "t_comp_ms": 1e3 * compute,
             "t_mem_ms": 1e3 * memory, "t_comm_ms": 1e3 * comm,
-            "intensity_FLOP_per_byte": flops / moved if moved else 0.0, "t_total_ms": 1e3 * total, "comm_fraction": comm / total if total else 0.0}
+            "intensity_FLOP_per_byte": flops / moved if moved else 0.0, "t_total_ms": 1e3 * total,
+            "comm_fraction": comm / total if total else 0.0}
