@@ -49,7 +49,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline")
     option("--switch-shards", "processes of the switch started for the run (slot j on shard j mod shards)")
     parser.add_argument("--check", action="store_true", help="verify every result; count wrong elements")
-    parser.add_argument("--tally", choices=("syscalls",), default=None, help="syscalls: run the benchmark again "
+    parser.add_argument("--tally", nargs="?", const="syscalls", choices=("syscalls",), default=None,
+                        help="syscalls (the default of a bare --tally): run the benchmark again "
                         "under strace and tally what innet (workers and switch) and gloo do beneath their APIs: "
                         "system calls by kind, processes, threads, per size side by side, with the overhead")
     add_seed_option(parser, BenchConfig, help="seed of inputs and straggler decisions")
