@@ -32,11 +32,13 @@ DESCRIPTION = ("Simulate the protocol at line rate (no sockets): counters, throu
                "bounds. Comma lists sweep.")
 
 
-SWEEPS: dict[str, Callable[[str], Any]] = {  # SimConfig field (its option: --field-name) -> converter
+SWEEPS: dict[str, Callable[[str], Any]] = {  # SimConfig field (its option: --field-name or OPTIONS) -> converter
     "workers": positive_int, "link_Gbps": positive_float, "pipes": positive_int, "slots": positive_int,
     "sto_ms": float, "rto_ms": positive_float, "workload": str, "loss": fraction, "op_bytes": size_bytes,
     "k": lambda text: None if text == "world" else positive_int(text),
 }
+OPTIONS = {"workers": "world"}
+"""A swept field whose option is named otherwise (as `innet bench` names the ranks)."""
 COLUMNS = ["workers", "link_Gbps", "pipes", "slots", "workload", "sto_ms", "sto_ticks", "rto_ms", "k", "loss",
            "op_bytes", "ok", "to", "kr", "re", "dup", "old", "op_ms_mean", "algbw_GBps", "ideal_innet_algbw_GBps",
            "ideal_ring_algbw_GBps", "sim_packets", "sim_packets_per_s"]
@@ -44,7 +46,8 @@ COLUMNS = ["workers", "link_Gbps", "pipes", "slots", "workload", "sto_ms", "sto_
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     option = partial(add_config_option, parser, SimConfig)
-    option("--workers", "workers n, 2-1024")
+    option("--world", "workers n (ranks), 2-1024", field="workers")
+    add_alias(parser, "--workers", "--world")
     option("--link-Gbps", "link line rate B, 10-400 gigabits per second")
     add_alias(parser, "--link-gbps", "--link-Gbps")
     option("--pipes", "switch pipelines 1-4 (k = 64 x pipes)")
@@ -89,7 +92,8 @@ def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
                  switch_Mpps=_rate(args.switch_Mpps, EMULATOR_SWITCH_MPPS, "--switch-Mpps"),
                  worker_Mpps=_rate(args.worker_Mpps, EMULATOR_WORKER_MPPS, "--worker-Mpps"),
                  **(straggler_settings(args.straggler) if args.straggler else {}))
-    swept = {name: unique(parse_list(getattr(args, name), convert, f"--{name.replace('_', '-')}"))
+    swept = {name: unique(parse_list(getattr(args, OPTIONS.get(name, name)), convert,
+                                     f"--{OPTIONS.get(name, name).replace('_', '-')}"))
              for name, convert in SWEEPS.items()}
     return [SimConfig(**fixed, **dict(zip(swept, values, strict=True)))
             for values in itertools.product(*swept.values())]

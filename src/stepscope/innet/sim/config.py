@@ -103,7 +103,7 @@ class SimConfig:
             (all(math.isfinite(t) for t in times), "times must be finite numbers"),
             (not 0 <= self.sto_ms < math.inf or sto_ticks_from_ms(self.sto_ms) < 2**31,
              "--sto-ms beyond what the switch's timer holds (2^31 ticks)"),
-            (2 <= self.workers <= 1024, "--workers must be 2..1024"),
+            (2 <= self.workers <= 1024, "--world must be 2..1024"),
             (10 <= self.link_Gbps <= 400, "--link-Gbps must be 10..400"),
             (1 <= self.pipes <= 4, "--pipes must be 1..4"),
             (1 <= self.values <= 16368, "--values-per-packet must be 1..16368"),
