@@ -45,7 +45,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     option("--seq", "tokens per sequence")
     option("--world", "ranks to spawn (torchrun sets its own)")
     option("--precision", "|".join(PRECISIONS))
-    option("--variants", "which to run; torch = torch.nn.parallel.DistributedDataParallel with the same caps")
+    option("--impl", "the variants to run; torch = torch.nn.parallel.DistributedDataParallel with the same caps",
+           field="variants")
+    add_alias(parser, "--variants", "--impl")
     option("--bucket-MiB", "bucket caps in MiB for bucketed and torch; 'none' = one bucket", show=_show_cap)
     add_alias(parser, "--bucket-mb", "--bucket-MiB")
     option("--bucket-rule", "strict|torch: how DDPBucketed fills buckets")
@@ -84,7 +86,7 @@ def build_configs(args: argparse.Namespace) -> list[DDPBenchConfig]:
     common: dict[str, Any] = dict(
         world=effective_world(one_value(args.world, positive_int, "--world")),
         precision=one_value(args.precision, choice(*PRECISIONS), "--precision"),
-        variants=tuple(dict.fromkeys(parse_list(args.variants, choice(*ALL_VARIANTS), "--variants"))),
+        variants=tuple(dict.fromkeys(parse_list(args.impl, choice(*ALL_VARIANTS), "--impl"))),
         bucket_MiB=tuple(dict.fromkeys(parse_list(args.bucket_MiB, _cap, "--bucket-MiB"))),
         bucket_rule=one_value(args.bucket_rule, choice("strict", "torch"), "--bucket-rule"),
         shard_optimizer=args.shard_optimizer,

@@ -8,6 +8,7 @@ import sys
 from functools import partial
 
 from stepscope.cli.options import (
+    add_alias,
     add_config_option,
     add_output_options,
     add_seed_option,
@@ -38,7 +39,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     innet_options.add_world_option(parser, BenchConfig)
     option = partial(add_config_option, parser, BenchConfig)
     option("--sizes", "all-reduce sizes in bytes (K, M suffixes)", field="sizes_bytes", show=format_bytes)
-    option("--mode", "per-op, batch or both", field="modes")
+    option("--call-mode", "per-op (each op waited), batch (issued together) or both", field="modes")
+    add_alias(parser, "--mode", "--call-mode")
     option("--batch", "ops issued together in batch mode")
     option("--warmup", "untimed iterations per cell")
     option("--iters", "timed iterations per cell")
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = BenchConfig(world=innet_options.world(args),
                          sizes_bytes=tuple(unique(parse_list(args.sizes, innet_options.size_bytes, "--sizes"))),
-                         modes=tuple(unique(parse_list(args.mode, choice(*CALL_MODES), "--mode"))),
+                         modes=tuple(unique(parse_list(args.call_mode, choice(*CALL_MODES), "--call-mode"))),
                          batch=one_value(args.batch, positive_int, "--batch"),
                          warmup=one_value(args.warmup, non_negative_int, "--warmup"),
                          iters=one_value(args.iters, positive_int, "--iters"),

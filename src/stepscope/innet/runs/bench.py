@@ -74,7 +74,7 @@ class BenchConfig:
         if any(size < 4 or size % 4 for size in self.sizes_bytes):
             raise UsageError("--sizes must be multiples of 4 bytes (float32/int32 elements)")
         if any(mode not in CALL_MODES for mode in self.modes):
-            raise UsageError(f"--mode must be {' or '.join(CALL_MODES)}")
+            raise UsageError(f"--call-mode must be {' or '.join(CALL_MODES)}")
         if self.dtype not in ("fp32", "int32") or self.op not in ("avg", "sum"):
             raise UsageError("--dtype fp32|int32 and --op avg|sum")
         if self.k is not None and not 1 <= self.k <= self.world:
