@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-RENAMED = {"bucket_mb": "bucket_MiB", "link_gbps": "link_Gbps", "tflops": "TFLOPps", "gbps": "GBps",
+RENAMED = {"gflop": "GFLOP", "bucket_mb": "bucket_MiB", "link_gbps": "link_Gbps", "tflops": "TFLOPps", "gbps": "GBps",
            "gflop_per_call": "GFLOP_per_call", "intensity_flop_per_byte": "intensity_FLOP_per_byte",
            "intensity_FLOP_per_B": "intensity_FLOP_per_byte", "flop_per_byte": "FLOP_per_byte",
            "tflops_per_gpu": "TFLOPps_per_gpu", "measured_tflops_per_gpu": "measured_TFLOPps_per_gpu",
@@ -14,6 +14,8 @@ RENAMED = {"bucket_mb": "bucket_MiB", "link_gbps": "link_Gbps", "tflops": "TFLOP
            "cma_B": "cma_bytes", "mapped_B": "mapped_bytes",
            "switch_mpps": "switch_Mpps", "worker_mpps": "worker_Mpps"}
 """Old name -> today's, the value unchanged."""
+RESIZED = {"gbyte": ("bytes", 1e9)}
+"""Old name -> (today's, the factor its value takes)."""
 RESCALED = (("GFLOPps", "TFLOPps", 1e-3), ("Gbps", "GBps", 1 / 8))
 """(old unit, today's, factor): a field named `<x>_<old unit>` (or the unit alone) is now `<x>_<today's>`, its
 value times the factor (GFLOP/s -> TFLOP/s; gigabits -> gigabytes per second). `link_Gbps`, a link's line rate,
@@ -38,6 +40,8 @@ def upgraded_name(name: str) -> tuple[str, float]:
     """Today's name of field `name`, and the factor its value takes (1: the same value)."""
     if name in RENAMED:
         return RENAMED[name], 1.0
+    if name in RESIZED:
+        return RESIZED[name]
     for old, new, factor in RESCALED:
         if (name == old or name.endswith("_" + old)) and name != "link_Gbps":
             return name[: -len(old)] + new, factor

@@ -52,7 +52,7 @@ def rates(flops: float, moved: float, time_us: float, precision: str, family: st
     tflops = flops / seconds / 1e12 if seconds > 0 else None
     gbps = moved / seconds / 1e9 if seconds > 0 else None
     peak = peaks.matrix_peak(precision) if family in ("gemm", "attention") else None
-    out: dict[str, Any] = {"time_ms": time_us / 1e3, "gflop": flops / 1e9, "gbyte": moved / 1e9,
+    out: dict[str, Any] = {"time_ms": time_us / 1e3, "GFLOP": flops / 1e9, "bytes": moved,
                            "TFLOPps": tflops, "GBps": gbps,
                            "intensity_FLOP_per_byte": flops / moved if moved > 0 else None,
                            "peak_pct": 100 * tflops * 1e12 / peak if peak and tflops is not None else None,
