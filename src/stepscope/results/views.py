@@ -96,12 +96,12 @@ GAP = 3
 def _rich_table(rows: Sequence[dict[str, Any]], columns: list[str], cells: list[list[str]], title: str | None,
                 width: int | None) -> str:
     """A table no wider than `width` (default: `table_width()`): when its columns do not fit, it is printed in
-    parts, each with the leading label columns that tell the rows apart and as many others as fit; a cell wider
-    than half the width folds."""
+    parts, each with the label columns that tell the rows apart and as many others as fit; a cell wider than half
+    the width folds."""
     limit = max(width or table_width(), 40)
     widths = [min(max([len(column), *(len(row[i]) for row in cells)]), limit // 2) for i, column in enumerate(columns)]
     numeric = [_numeric(rows, column) for column in columns]
-    parts = _column_parts(widths, numeric, limit)
+    parts = _column_parts(widths, numeric, cells, limit)
     texts = []
     for n, part in enumerate(parts):
         part_title = title if n == 0 else (f"{title} (continued)" if title else "(continued)")
@@ -110,16 +110,24 @@ def _rich_table(rows: Sequence[dict[str, Any]], columns: list[str], cells: list[
     return "\n\n".join(texts)
 
 
-def _column_parts(widths: list[int], numeric: list[bool], limit: int) -> list[list[int]]:
-    """Column indexes of each part: the leading label (non-numeric) columns in every part, within half the width,
-    then the other columns in order, as many per part as fit in `limit`."""
-    labels: list[int] = []
-    for i, is_number in enumerate(numeric):
-        if is_number or _width(labels + [i], widths) > limit // 2:
-            break
-        labels.append(i)
+def _column_parts(widths: list[int], numeric: list[bool], cells: list[list[str]], limit: int) -> list[list[int]]:
+    """Column indexes of each part: the label columns in every part, then the other columns in order, as many per
+    part as fit in `limit`. The labels are the fewest leading columns that tell every row apart (`model n_layers`
+    of a sweep), else the leading text columns; within half the width either way."""
     if _width(list(range(len(widths))), widths) <= limit:
         return [list(range(len(widths)))]
+    labels: list[int] = []
+    for k in range(1, len(widths)):
+        if _width(list(range(k)), widths) > limit // 2:
+            break
+        if len({tuple(row[:k]) for row in cells}) == len(cells):
+            labels = list(range(k))
+            break
+    if not labels:
+        for i, is_number in enumerate(numeric):
+            if is_number or _width(labels + [i], widths) > limit // 2:
+                break
+            labels.append(i)
     parts: list[list[int]] = []
     current = list(labels)
     for i in range(len(labels), len(widths)):
