@@ -152,7 +152,7 @@ def _one_table(columns: list[str], cells: list[list[str]], numeric: list[bool], 
     from rich.text import Text
 
     # Text, not str: rich would read `[param|cuda]` (an op name) or `[/bold]` in a note as markup
-    table = Table(title=Text(title) if title else None, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for column, is_number, column_width in zip(columns, numeric, widths, strict=True):
         table.add_column(Text(column), justify="right" if is_number else "left", overflow="fold",
                          max_width=column_width)
@@ -162,7 +162,9 @@ def _one_table(columns: list[str], cells: list[list[str]], numeric: list[bool], 
     # a console exactly the table's width: rich neither wraps the table nor cuts its header rule short
     Console(file=buffer, width=_width(list(range(len(columns))), widths) + 1, no_color=True,
             highlight=False).print(table)
-    return "\n".join(line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines())
+    text = "\n".join(line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines())
+    # the title on its own line, whole: rich would wrap a title longer than its table
+    return f"{title}\n{text}" if title else text
 
 
 def record_row(record: dict[str, Any], *, env: bool = False, metric_names: Iterable[str] = ()) -> dict[str, Any]:
