@@ -55,7 +55,7 @@ def test_sweep_csv_overrides_threads_and_naive_attention(cli, tmp_path):
     code, out, err = cli("step", *TINY, "--n-layers", "1,2", "--attention", "naive", "--threads", "1",
                          "--format", "csv", "--out", tmp_path)
     assert code == 0, err
-    assert out.splitlines()[0].startswith("model,batch,seq")
+    assert out.splitlines()[0].startswith("model,n_layers,batch,seq")  # the swept field is a column
     rows = list(csv.DictReader(io.StringIO(out)))  # one header, every row aligned under it
     assert len(rows) == 8 and {row["phase"] for row in rows} == {"forward", "backward", "optimizer", "step"}
     assert all(float(row["median_ms"]) > 0 and row["threads"] == "1" for row in rows)

@@ -77,7 +77,11 @@ def run(args: argparse.Namespace) -> int:
             printer.emit([{"point": point, "status": record["status"], "note": record.get("note")}])
             return
         extra = f", compile {result.compile_s:.1f} s" if result.compile_s is not None else ""
-        printer.emit(result.rows(), title=f"{point} ({result.device}, {result.threads} threads{extra})")
+        rows = result.rows()
+        # mean, min and max stay in the records and in csv/json: the median and p10-p90 tell the time and its
+        # spread, and the table fits 100 columns
+        shown = [c for c in PHASE_COLUMNS if c not in ("mean_ms", "min_ms", "max_ms") and any(c in row for row in rows)]
+        printer.emit(rows, title=f"{point} ({result.device}, {result.threads} threads{extra})", columns=shown)
 
     outcome = run_step_sweep(configs, args.out, resume=args.resume, on_record=show)
     if len(outcome.records) > 1 and args.format in ("table", "md"):

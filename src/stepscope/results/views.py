@@ -104,7 +104,7 @@ def _rich_table(rows: Sequence[dict[str, Any]], columns: list[str], cells: list[
     parts = _column_parts(widths, numeric, cells, limit)
     texts = []
     for n, part in enumerate(parts):
-        part_title = title if n == 0 else (f"{title} (continued)" if title else "(continued)")
+        part_title = title if n == 0 else "(continued)"
         texts.append(_one_table([columns[i] for i in part], [[row[i] for i in part] for row in cells],
                                 [numeric[i] for i in part], [widths[i] for i in part], part_title))
     return "\n\n".join(texts)
