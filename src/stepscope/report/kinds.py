@@ -58,6 +58,8 @@ DESCRIPTIONS = {
     "calibrate": "A system fitted to measured steps.",
     "calibrate-published": "A system fitted to published runs, and every run of that system predicted with it.",
     "calibrate-rates": "A system's curve top, fused-attention and fp8 efficiency fitted to a GPU's measured op rates.",
+    "calibrate-trace": "A system fitted to the kernels of a profiler trace of one's own run.",
+    "op-rates": "A model's own GEMMs and attention timed on a GPU, beside the rates the performance model assumes.",
     "validate": "Published measured runs next to the performance model's prediction.",
 }
 
