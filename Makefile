@@ -31,10 +31,12 @@ test: setup
 	$(PY) -m pytest -q
 
 # ruff with the project's rules (pyproject.toml; its default excludes skip no folder of src/ or tests/); the import
-# contracts of docs/architecture.md (import-linter, pyproject.toml); no merge-conflict markers anywhere tracked
+# contracts of docs/architecture.md (import-linter, pyproject.toml); no unused names (vulture, pyproject.toml); no
+# merge-conflict markers anywhere tracked
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/vulture
 	@! git grep -nE '^(<<<<<<<|>>>>>>>)( |$$)' -- . ':!Makefile' || { echo "conflict markers above"; exit 1; }
 
 # A report in headless Chromium: no console errors, every plot laid out, sorting, filtering and the dark scheme

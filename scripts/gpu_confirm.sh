@@ -39,7 +39,7 @@ part 20 environment bash -c "nvidia-smi --query-gpu=name,power.limit,power.max_l
   torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).multi_processor_count)'"
 # the SM clock, power and temperature every half second while the rates are measured (sustained or burst)
 part 200 op-rates bash -c "nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv \
-  -lms 500 > '$RESULTS/op_rates_smi.csv' & python3 -m stepscope.measure.op_rates --out '$RESULTS/op_rates.json'; \
+  -lms 500 > '$RESULTS/op_rates_smi.csv' & $S op-rates --out '$RESULTS/records'; \
   status=\$?; kill \$!; exit \$status"
 part 120 step-llama $S step --model llama3-8b --n-layers 4 --seq 2048,8192 --batch 1,2 --precision bf16 \
   --mode train --warmup 3 --iters 8 --device cuda --out "$RESULTS/records"

@@ -29,6 +29,7 @@ _API: dict[str, str | tuple[str, str]] = {
     "MemoryConfig": "stepscope.measure.memory.config", "run_memory_sweep": "stepscope.measure.memory.benchmark",
     "AttentionBenchConfig": "stepscope.measure.attention.config",
     "run_attention_sweep": "stepscope.measure.attention.benchmark",
+    "OpRatesConfig": "stepscope.measure.op_rates.config", "run_op_rates": "stepscope.measure.op_rates.benchmark",
     "AccumulateConfig": "stepscope.measure.precision.config", "DtypesConfig": "stepscope.measure.precision.config",
     "run_accumulate": "stepscope.measure.precision.experiments",
     "run_dtypes": "stepscope.measure.precision.experiments",

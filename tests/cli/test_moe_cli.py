@@ -19,7 +19,7 @@ def test_step_both_expert_implementations_with_activated_flops(cli, tmp_path):
     for record in records:
         forward_flops = 2 * 16 * spec.forward_flops_per_token(16)  # 2N with N = activated matmul weights
         metrics = record["metrics"]
-        assert metrics["forward_GFLOPps"] * metrics["forward_ms_median"] * 1e6 == pytest.approx(forward_flops)
+        assert metrics["forward_TFLOPps"] * metrics["forward_ms_median"] * 1e9 == pytest.approx(forward_flops)
     assert {r["config"]["moe_impl"] for r in records} == {"grouped", "reference"}
     # each point says which expert implementation it timed, in its title and in the sweep summary
     assert out.count("sdpa experts grouped (") == 2 and out.count("sdpa experts reference (") == 2

@@ -35,7 +35,7 @@ def test_every_mode_runs_and_records_are_well_formed(cli, tmp_path, precision):
 
 def _check_rates(record):
     """Rates from the medians and the FLOP convention (spec/model.py): a forward token costs 2N + 2·L·s·d
-    with causal attention, backward twice the forward; GFLOP/s = phase FLOPs / median, tokens/s = tokens /
+    with causal attention, backward twice the forward; TFLOP/s = phase FLOPs / median, tokens/s = tokens /
     the step's median, the GEMM fraction = the step's rate / the measured GEMM rate."""
     config, metrics = record["config"], record["metrics"]
     spec = ModelSpec(**config["model_spec"])
@@ -44,18 +44,18 @@ def _check_rates(record):
     flops = {"forward": forward, "backward": 2 * forward, "step": forward * (1 if config["mode"] == "fwd" else 3)}
     for phase, phase_flops in flops.items():
         if f"{phase}_ms_median" in metrics:
-            rate = phase_flops / (metrics[f"{phase}_ms_median"] / 1e3) / 1e9
-            assert metrics[f"{phase}_GFLOPps"] == pytest.approx(rate, rel=1e-9), phase
+            rate = phase_flops / (metrics[f"{phase}_ms_median"] / 1e3) / 1e12
+            assert metrics[f"{phase}_TFLOPps"] == pytest.approx(rate, rel=1e-9), phase
     assert metrics["step_flops"] == pytest.approx(flops["step"], rel=1e-12)
     assert metrics["step_tokens_per_s"] == pytest.approx(tokens / (metrics["step_ms_median"] / 1e3), rel=1e-9)
-    assert metrics["step_gemm_fraction"] == pytest.approx(metrics["step_GFLOPps"] / metrics["gemm_GFLOPps"], rel=1e-9)
+    assert metrics["step_gemm_fraction"] == pytest.approx(metrics["step_TFLOPps"] / metrics["gemm_TFLOPps"], rel=1e-9)
 
 
 def test_sweep_csv_overrides_threads_and_naive_attention(cli, tmp_path):
     code, out, err = cli("step", *TINY, "--n-layers", "1,2", "--attention", "naive", "--threads", "1",
                          "--format", "csv", "--out", tmp_path)
     assert code == 0, err
-    assert out.splitlines()[0].startswith("model,batch,seq")
+    assert out.splitlines()[0].startswith("model,n_layers,batch,seq")  # the swept field is a column
     rows = list(csv.DictReader(io.StringIO(out)))  # one header, every row aligned under it
     assert len(rows) == 8 and {row["phase"] for row in rows} == {"forward", "backward", "optimizer", "step"}
     assert all(float(row["median_ms"]) > 0 and row["threads"] == "1" for row in rows)

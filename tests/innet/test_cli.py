@@ -19,7 +19,7 @@ from tests.innet.conftest import run_ranks
     ["bench", "--world", "2", "--straggler", "ranks=5;delay=1s"], ["bench", "--straggler", "delay=soon"],
     ["bench", "-k", "3", "--world", "2"], ["bench", "--switch", "localhost"], ["switch", "--port", "70000"],
     ["bench", "--switch", "127.0.0.1:9"], ["train", "--model", "tiny", "--switch", "127.0.0.1:9"],
-    ["simulate", "--workers", "1"], ["simulate", "--link-gbps", "1000"], ["simulate", "--loss", "x"],
+    ["simulate", "--workers", "1"], ["simulate", "--link-Gbps", "1000"], ["simulate", "--loss", "x"],
     ["timeout-profile", "--sto-ms", "x"], ["timeout-profile", "--rto-ms", "0"], ["train", "--model", "nope"],
     ["train", "--world", "1"], ["train", "--ddp", "fancy"], ["simulate", "--straggler", "ranks=1;delay=1ms;steps=3-1"],
     ["simulate", "--straggler", "ranks=1;delay=1ms;dist=normal"]])
@@ -64,11 +64,11 @@ def test_switch_serves_and_records_on_exit(tmp_path):
 def test_simulate_prints_bounds_and_counters(cli, tmp_path):
     code, out, err = cli("innet", "simulate", "--op-bytes", "1M", "--sto-ms", "0.05,12.5", "-k", "5", "--out", tmp_path)
     assert code == 0, err
-    assert "ideal_innet_algbw_Gbps" in out and "ideal_ring_algbw_Gbps" in out and "ok / to blocks" in out
+    assert "ideal_innet_algbw_GBps" in out and "ideal_ring_algbw_GBps" in out and "ok / to blocks" in out
     assert "packets/s" in out
     records = read_records(tmp_path / "innet-simulate.jsonl")
-    assert len(records) == 2 and all(r["metrics"]["algbw_Gbps"] > 0 for r in records)
-    assert records[0]["metrics"]["ideal_ring_algbw_Gbps"] == pytest.approx(60.0)
+    assert len(records) == 2 and all(r["metrics"]["algbw_GBps"] > 0 for r in records)
+    assert records[0]["metrics"]["ideal_ring_algbw_GBps"] == pytest.approx(7.5)  # 100 Gb/s, 6 workers
 
 
 def test_simulate_straggles_only_at_the_given_steps(cli, tmp_path):
@@ -86,13 +86,13 @@ def test_bench_checks_every_result_under_loss(cli, tmp_path):
                          "--batch", "2", "--warmup", "1", "--iters", "2", "--check", "--drop", "0.02",
                          "--pipes", "1", "--out", tmp_path)
     assert code == 0, err
-    assert "innet_algbw_Gbps" in out and "gloo_algbw_Gbps" in out
+    assert "innet_algbw_GBps" in out and "gloo_algbw_GBps" in out
     records = read_records(tmp_path / "innet-bench.jsonl")
     assert len(records) == 4
     for record in records:
         metrics = record["metrics"]
         assert metrics["wrong_elements"] == 0 and metrics["checked_elements"] > 0
-        assert metrics["innet_latency_ms_median"] > 0 and metrics["gloo_algbw_Gbps"] > 0 and metrics["ok"] > 0
+        assert metrics["innet_latency_ms_median"] > 0 and metrics["gloo_algbw_GBps"] > 0 and metrics["ok"] > 0
     assert json.dumps(records)  # well-formed
     switch_records = read_records(tmp_path / "innet-switch.jsonl")  # the switch process recorded its job too
     assert any(r["config"]["job"] and r["metrics"]["ok"] > 0 for r in switch_records)
@@ -112,7 +112,7 @@ def test_timeout_profile_prints_dpa_layout_and_applies_the_straggler(cli, tmp_pa
                          "--out", tmp_path)
     assert code == 0, err
     assert "STO ms (ticks)" in out and "0.05 (1)" in out and "5 (77)" in out and "3 ops batch" in out
-    assert "RTO 50 ms Gb/s" in out and "injected straggler: ranks 1 +100 ms" in out
+    assert "RTO 50 ms GB/s" in out and "injected straggler: ranks 1 +100 ms" in out
     records = read_records(tmp_path / "innet-timeout-profile.jsonl")
     assert len(records) == 2 * (3 + 1)  # 3 workloads at the first RTO, the waited one at the second
     assert all(r["metrics"]["ok"] + r["metrics"]["to"] > 0 for r in records)
@@ -154,7 +154,7 @@ def test_switch_bench_drives_a_sharded_switch_and_counts_every_packet(cli, tmp_p
     code, out, err = cli("innet", "switch-bench", "--payload", "64,1K", "--world", "3", "--shards", "1,2",
                          "--duration-s", "0.2", "--warmup-s", "0", "--repeats", "1", "--out", tmp_path)
     assert code == 0, err
-    assert "total_pps" in out and "total_Gbps" in out
+    assert "total_pps" in out and "total_GBps" in out
     records = [r for r in read_records(tmp_path / "innet-switch.jsonl") if r["config"].get("record") == "bench"]
     assert sorted((r["config"]["payload_bytes"], r["config"]["shards"]) for r in records) == [
         (64, 1), (64, 2), (1024, 1), (1024, 2)]
@@ -165,7 +165,7 @@ def test_switch_bench_drives_a_sharded_switch_and_counts_every_packet(cli, tmp_p
         assert m["out_packets"] == 3 * m["results"]  # each result went to the 3 ranks (rank 0 counts them)
         assert m["results"] == m["sent"] // 3  # every block completed
         datagram = 32 + record["config"]["payload_bytes"]
-        assert m["total_Gbps"] == pytest.approx((m["in_pps"] + m["out_pps"]) * datagram * 8 / 1e9)
+        assert m["total_GBps"] == pytest.approx((m["in_pps"] + m["out_pps"]) * datagram / 1e9)
 
 
 def test_switch_bench_refuses_bad_payloads(cli, tmp_path):

@@ -66,14 +66,15 @@ def test_simulator_and_emulator_agree_on_small_cases(switch, case):
 
 
 def test_ideal_bounds():
-    bounds = ideal_bounds(SimConfig(workers=6, link_gbps=100, pipes=4))
-    assert bounds["ideal_ring_algbw_Gbps"] == pytest.approx(100 * 6 / 10)
-    assert bounds["ideal_innet_algbw_Gbps"] == pytest.approx(100 * 1024 / (1024 + 32 + 66))
+    bounds = ideal_bounds(SimConfig(workers=6, link_Gbps=100, pipes=4))
+    # a 100 Gb/s link carries 12.5 GB/s
+    assert bounds["ideal_ring_algbw_GBps"] == pytest.approx(12.5 * 6 / 10)
+    assert bounds["ideal_innet_algbw_GBps"] == pytest.approx(12.5 * 1024 / (1024 + 32 + 66))
 
 
 def test_line_rate_without_noise_approaches_the_bound():
     result = simulate(SimConfig(op_bytes=20_000_000, stall_prob=0, jitter_us=0))
-    assert 0.8 * result["ideal_innet_algbw_Gbps"] < result["algbw_Gbps"] <= result["ideal_innet_algbw_Gbps"]
+    assert 0.8 * result["ideal_innet_algbw_GBps"] < result["algbw_GBps"] <= result["ideal_innet_algbw_GBps"]
     assert result["to"] == 0 and result["re"] == 0 and result["sim_packets"] > 100_000
 
 
@@ -81,7 +82,7 @@ def test_short_timeouts_fire_without_stragglers_and_long_ones_cost_throughput():
     runs = {sto: simulate(SimConfig(op_bytes=10_000_000, k=5, sto_ms=sto, stall_prob=2e-4, seed=1))
             for sto in (0.05, 1.0, 12.5)}
     assert runs[0.05]["to"] > runs[1.0]["to"] > runs[12.5]["to"] == 0
-    assert runs[0.05]["algbw_Gbps"] > runs[12.5]["algbw_Gbps"]
+    assert runs[0.05]["algbw_GBps"] > runs[12.5]["algbw_GBps"]
 
 
 def test_fastest_k_hides_a_straggler():
@@ -101,7 +102,7 @@ def test_straggler_steps_limit_the_ops_that_straggle():
 
 
 def test_invalid_configurations_are_usage_errors():
-    for bad in (dict(workers=1), dict(link_gbps=1000), dict(pipes=5), dict(k=9), dict(loss=1.0),
+    for bad in (dict(workers=1), dict(link_Gbps=1000), dict(pipes=5), dict(k=9), dict(loss=1.0),
                 dict(workload="sometimes"), dict(straggler_ranks=(6,)), dict(straggler_steps=(3, 1))):
         with pytest.raises(UsageError):
             simulate(SimConfig(**bad))
@@ -110,13 +111,13 @@ def test_invalid_configurations_are_usage_errors():
 def test_a_finite_switch_packet_rate_bounds_the_throughput():
     """Every contribution costs the switch 2 / pps (its receive and its share of the results): with 4 workers at
     0.2 M packets/s, a block of 1 KiB costs 4 x 10 us, so 1 MiB (1024 blocks) takes 41 ms (int32: no prologue)."""
-    config = SimConfig(workers=4, link_gbps=400, op_bytes=1 << 20, quantized=False, switch_mpps=0.2,
+    config = SimConfig(workers=4, link_Gbps=400, op_bytes=1 << 20, quantized=False, switch_Mpps=0.2,
                        stall_prob=0, jitter_us=0, issue_skew=0)
     result = simulate(config)
     assert result["op_ms_mean"] == pytest.approx(1024 * 4 * 2 / 0.2e6 * 1e3, rel=0.02)
-    line_rate = simulate(SimConfig(**{**config.to_dict(), "switch_mpps": None}))
+    line_rate = simulate(SimConfig(**{**config.to_dict(), "switch_Mpps": None}))
     assert line_rate["op_ms_mean"] < result["op_ms_mean"] / 20
-    host_bound = simulate(SimConfig(**{**config.to_dict(), "switch_mpps": None, "worker_mpps": 0.2}))
+    host_bound = simulate(SimConfig(**{**config.to_dict(), "switch_Mpps": None, "worker_Mpps": 0.2}))
     assert host_bound["op_ms_mean"] == pytest.approx(1024 * 2 / 0.2e6 * 1e3, rel=0.05)  # each worker: 10 us/packet
     with pytest.raises(UsageError):
-        SimConfig(switch_mpps=0).validate()
+        SimConfig(switch_Mpps=0).validate()

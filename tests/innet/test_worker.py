@@ -23,8 +23,8 @@ FAULTY = FaultConfig(drop_up=0.05, drop_down=0.05, duplicate=0.05, reorder=0.05,
 
 @pytest.mark.parametrize("world,numel,senders", [(2, 1000, 0), (3, 777, 2), (4, 2049, 0)])
 def test_exact_ints_and_bounded_floats_under_loss_duplication_and_reordering(switch, world, numel, senders):
-    ints = [reference_input(1, r, numel, "i32") for r in range(world)]
-    floats = [reference_input(1, r, numel, "f32") for r in range(world)]
+    ints = [reference_input(1, r, numel, "int32") for r in range(world)]
+    floats = [reference_input(1, r, numel, "fp32") for r in range(world)]
 
     def rank(r):
         member = job(switch, r, world, pipes=1, slots=8, rto_ms=3, faults=FAULTY,  # k = 64: numel % k != 0
@@ -61,7 +61,7 @@ def test_default_packets_int32_wrap_and_fastest_k_under_loss(switch):
     world, numel = 3, 1000  # 4 blocks of 256, the last one partial
     big = [np.full(numel, 2**30 + r, np.int32) for r in range(world)]  # 3 x 2**30 > 2**31 - 1
     big[1][::7] = -(2**30)  # some sums stay in range
-    floats = [reference_input(2, r, numel, "f32") for r in range(world)]
+    floats = [reference_input(2, r, numel, "fp32") for r in range(world)]
     fast_done = threading.Barrier(world)
 
     def rank(r):
@@ -97,7 +97,7 @@ def test_default_packets_int32_wrap_and_fastest_k_under_loss(switch):
 
 
 def test_a_wrong_result_would_be_detected():
-    floats = [reference_input(1, r, 300, "f32") for r in range(2)]
+    floats = [reference_input(1, r, 300, "fp32") for r in range(2)]
     good = (floats[0].astype(np.float64) + floats[1]).astype(np.float32)
     assert check_result(good, floats, values_per_packet=64, average=False).wrong == 0
     bad = good.copy()
@@ -256,7 +256,7 @@ def test_a_sharded_switch_serves_each_slot_on_its_shard_exactly_under_loss(fault
     """Two shards (slot j on shard j mod 2), three ranks, with and without loss, duplication and reordering:
     exact int32 sums, every block on the shard its slot names, and the switch counts the retransmissions."""
     world, numel = 3, 3000
-    ints = [reference_input(4, r, numel, "i32") for r in range(world)]
+    ints = [reference_input(4, r, numel, "int32") for r in range(world)]
     shards = [Switch(SwitchConfig(port=0)).start() for _ in range(2)]
     addresses = ",".join(address(shard) for shard in shards)
     try:

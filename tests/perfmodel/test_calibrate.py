@@ -117,7 +117,7 @@ def test_records_are_merged_filtered_and_skipped_with_reasons(tmp_path):
     env = {"cpu_model": "test cpu", "threads": 1}
     for forward in (1.0, 2.0, 9.0):  # repeated measurements of one configuration: median
         store.append(make_record("step", config, {"forward_ms_median": forward, "backward_ms_median": 3.0,
-                                                  "gemm_GFLOPps": 50.0}, env=env))
+                                                  "gemm_GFLOPps": 50.0}, env=env))  # an old record's name
     store.append(make_record("step", dict(config, seq=32), {"forward_ms_median": 1.0}, env=env))  # no backward
     store.append(make_record("step", dict(config, seq=8), {}, status="oom"))
     records = load_records([tmp_path])

@@ -45,7 +45,7 @@ def test_efficiency_never_exceeds_the_measured_gemm_peak():
 def test_the_real_run_fits_physically():
     result = calibrate(load_records([REAL]), load_system("CPU"))
     _physical(result)
-    assert result.parameters["matrix_peak_fp32_GFLOPps"] == pytest.approx(182.82, rel=1e-4)
+    assert result.parameters["matrix_peak_fp32_TFLOPps"] == pytest.approx(0.18282, rel=1e-4)
 
 
 def test_calibrating_improves_the_step_error_on_its_own_records():
@@ -92,7 +92,7 @@ def test_kept_parameters_carry_the_value_the_system_uses():
     # these records are matrix-bound: least squares would make elementwise work free (an infinite rate)
     assert result.sources["bandwidth_GBps"] == "not constrained: kept from CPU (the fit drove it to 0)"
     assert result.parameters["bandwidth_GBps"] == pytest.approx(acc.memory_bytes_per_s / 1e9) == 12.0
-    assert result.parameters["vector_GFLOPps"] == pytest.approx(acc.vector_peak("fp32") / 1e9)
+    assert result.parameters["vector_TFLOPps"] == pytest.approx(acc.vector_peak("fp32") / 1e12)
     assert result.parameters["kernel_overhead_us"] == pytest.approx(acc.kernel_overhead_us)
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from stepscope.errors import UsageError
 from stepscope.perfmodel.calibrate.rates import fitted_rates, read_rates
+from stepscope.results.store import RecordStore, make_record
 from stepscope.spec.system import load_system
 
 MEASUREMENTS = sorted((Path(__file__).parents[2] / "docs" / "measurements").glob("*-op-rates.json"))
@@ -84,3 +85,24 @@ def test_cli_writes_a_system_that_predict_accepts_and_bad_files_are_one_line(cli
     for path in (bad, old_schema, tmp_path / "missing.json"):
         code, out, err = cli("calibrate", "--rates", path, "--base", "H100-SXM", "--out", tmp_path / "no")
         assert code == 2 and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "no").exists()
+
+
+def test_op_rates_records_fit_as_the_json_files_of_the_first_version(tmp_path):
+    """`stepscope op-rates` writes records; the same rows as records or as the first version's JSON: one fit."""
+    data = json.loads(MEASUREMENTS[0].read_text())
+    store = RecordStore(tmp_path, "op-rates")
+    for row in data["rows"]:
+        metrics = {k: row[k] for k in ("flops", "measured_TFLOPps", "measured_of_peak")}
+        config = {k: v for k, v in row.items() if k not in metrics}
+        store.append(make_record("op-rates", config, metrics, env={"device_name": data["device"]}))
+    store.append(make_record("op-rates", {"family": "attention", "variant": "cudnn"}, status="unsupported",
+                             note="not on this torch"))  # a row that was not measured is not read
+    base = load_system("H100-SXM")
+    from_json, _ = fitted_rates(read_rates([MEASUREMENTS[0]]), base)
+    for path in (tmp_path, store.path):
+        from_records, _ = fitted_rates(read_rates([path]), base)
+        assert from_records == from_json
+    (tmp_path / "empty.jsonl").touch()
+    with pytest.raises(UsageError, match="is not an op-rates file"):  # records of no op rates
+        read_rates([tmp_path / "empty.jsonl"])

@@ -109,7 +109,7 @@ def _write_step_records(folder, points):
         config = {"model": p.model.name, **p.workload.to_dict(), "attention": p.attention, "threads": 2,
                   "model_spec": p.model.to_dict()}
         metrics = {f"{phase}_ms_median": 1e3 * s for phase, s in p.phases.items()}
-        metrics["gemm_GFLOPps"] = p.gemm_flops_per_s / 1e9
+        metrics["gemm_TFLOPps"] = p.gemm_flops_per_s / 1e12
         store.append(make_record("step", config, metrics, env={"cpu_model": "synthetic", "threads": 2}))
 
 

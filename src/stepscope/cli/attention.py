@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from stepscope.cli.options import (
+    add_alias,
     add_device_option,
     add_output_options,
     add_plot_options,
@@ -33,7 +34,6 @@ DESCRIPTION = ("Check every implementation against fp64, then time them side by 
                "peak memory. Comma lists sweep; options given override the --grid preset.")
 
 
-_MAIN_COLUMNS = ("impl", "status")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -51,12 +51,14 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     sizes.add_argument("--heads", default=None, help=f"heads (default {default('heads')})")
     sizes.add_argument("--seq", default=None, help=f"sequence lengths (default {default('seq')})")
     sizes.add_argument("--dim", default=None, help=f"head dimensions (default {default('dim')})")
-    sizes.add_argument("--dtype", default=None, help=f"fp32, bf16, fp16 (default {default('dtype')})")
+    sizes.add_argument("--precision", default=None, help=f"fp32, bf16, fp16 (default {default('dtype')})")
+    add_alias(sizes, "--dtype", "--precision")
     causal = "on" if field_default(AttentionBenchConfig, "causal")[0] else "off"
     sizes.add_argument("--causal", default=None, action=argparse.BooleanOptionalAction,
                        help=f"causal mask, top-left aligned (default: {causal})")
-    sizes.add_argument("--pass", dest="passes", default=None,
-                       help=f"fwd, bwd, fwd-bwd (default {default('passes')})")
+    sizes.add_argument("--mode", dest="passes", default=None,
+                       help=f"the passes timed: fwd, bwd, fwd-bwd (default {default('passes')})")
+    add_alias(sizes, "--pass", "--mode")
     measurement = parser.add_argument_group("measurement")
     add_device_option(measurement, AttentionBenchConfig)
     measurement.add_argument("--warmup", default=None,
@@ -66,8 +68,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     measurement.add_argument("--check-rows", default=None,
                              help=f"query rows checked against fp64 at long sequences ({default('check_rows')})")
     add_seed_option(measurement, AttentionBenchConfig, help="seed of q, k, v and dO")
-    measurement.add_argument("--startup", default=None, help="seconds of warm-up on a tiny problem before the first "
-                             f"point (default {default('startup_s')})")
+    measurement.add_argument("--startup-s", default=None, help="seconds of warm-up on a tiny problem before the "
+                             f"first point (default {default('startup_s')})")
+    add_alias(measurement, "--startup", "--startup-s")
     add_plot_options(parser, "attention-<grid|sweep>.png, written when more than one --seq is swept")
     add_output_options(parser)
 
@@ -85,7 +88,8 @@ def bench_config(args: argparse.Namespace) -> AttentionBenchConfig:
     lists = {"impls": ("--impl", args.impl, choice(*attention_backends())),
              "batch": ("--batch", args.batch, positive_int), "heads": ("--heads", args.heads, positive_int),
              "seq": ("--seq", args.seq, positive_int), "dim": ("--dim", args.dim, positive_int),
-             "dtype": ("--dtype", args.dtype, choice(*TOLERANCE)), "passes": ("--pass", args.passes, choice(*PASSES))}
+             "dtype": ("--precision", args.precision, choice(*TOLERANCE)),
+             "passes": ("--mode", args.passes, choice(*PASSES))}
     for name, (option, text, convert) in lists.items():
         if text is not None:
             fields[name] = tuple(dict.fromkeys(parse_list(text, convert, option)))
@@ -95,7 +99,7 @@ def bench_config(args: argparse.Namespace) -> AttentionBenchConfig:
                                         ("iters", "--iters", args.iters, positive_int),
                                         ("threads", "--threads", args.threads, positive_int),
                                         ("check_rows", "--check-rows", args.check_rows, positive_int),
-                                        ("startup_s", "--startup", args.startup, non_negative_float)):
+                                        ("startup_s", "--startup-s", args.startup_s, non_negative_float)):
         if text is not None:
             fields[name] = one_value(text, convert, option)
     return AttentionBenchConfig(device=args.device, seed=args.seed, **fields)

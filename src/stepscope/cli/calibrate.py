@@ -50,7 +50,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                       "where --published writes the fitted stack TOML (use it with --stack)")
     rates = parser.add_argument_group("from measured op rates instead of records")
     rates.add_argument("--rates", default=None, metavar="FILES",
-                       help="JSON files of `python -m stepscope.measure.op_rates --out` (comma list): the "
+                       help="records of `stepscope op-rates` (comma list of folders or files): the "
                             "curve's top, flash and fp8 efficiency of --base (the GPU's preset) from its rates at a "
                             "model's own shapes")
     traced = parser.add_argument_group("from profiler traces of your own run instead of records (--trace)")

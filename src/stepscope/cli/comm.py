@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.cli.options import (
+    add_alias,
     add_config_option,
     add_output_options,
     add_plot_options,
@@ -53,7 +54,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     option("--dtype", "fp32|fp16|bf16|fp64|int8|uint8|int32|int64", field="dtypes")
     what.add_argument("--world", default=None,
                       help=f"world size(s), one job each (default {config_default(CommConfig, 'worlds')})")
-    option("--mode", "per-op (each call waited) and/or batch (all calls in flight, one wait)", field="modes")
+    option("--call-mode", "per-op (each call waited) and/or batch (all calls in flight, one wait)", field="modes")
+    add_alias(what, "--mode", "--call-mode")
     option("--place", "out (out-of-place) and/or in (in-place)", field="places")
     option("--iters", "timed calls per point")
     option("--warmup", "untimed calls per point before timing")
@@ -93,14 +95,14 @@ def build_config(args: argparse.Namespace) -> CommConfig:
         worlds=tuple(unique(parse_list(args.world or default_text("worlds"), positive_int, "--world"))),
         oversubscribe=args.oversubscribe, ops=tuple(dict.fromkeys(ops)), sizes=tuple(parse_sizes(args.sizes)),
         dtypes=tuple(unique(parse_list(args.dtype, choice(*DTYPES), "--dtype"))),
-        modes=tuple(unique(parse_list(args.mode, choice(*CALL_MODES), "--mode"))),
+        modes=tuple(unique(parse_list(args.call_mode, choice(*CALL_MODES), "--call-mode"))),
         places=tuple(unique(parse_list(args.place, choice(*PLACES), "--place"))),
         iters=one_value(args.iters, positive_int, "--iters"),
         warmup=one_value(args.warmup, non_negative_int, "--warmup"),
         root=one_value(args.root, non_negative_int, "--root"),
         skews=tuple(dict.fromkeys(parse_list(args.skew, non_negative_float, "--skew"))), seed=args.seed,
         threads=optional_value(args.threads, positive_int, "--threads"),
-        timeout_s=one_value(args.timeout, positive_float, "--timeout"), tally=args.tally == "api",
+        timeout_s=one_value(args.timeout_s, positive_float, "--timeout-s"), tally=args.tally == "api",
         syscalls=args.tally == "syscalls")
 
 

@@ -20,8 +20,8 @@ from stepscope.perfmodel.validate.compare import CompareConfig
 NAME = "compare"
 HELP = "measured step records next to predictions, error per phase"
 DESCRIPTION = ("Predict every measured `step` record (same model, batch, sequence, precision, mode, attention) on a "
-               "system and print the error per phase. Repeated measurements of one configuration are merged. "
-               "With --trace: the `trace` records of a GPU run (stepscope trace) next to the prediction of the run's "
+               "system and print the error per phase. Repeated measurements of one configuration are merged. With "
+               "--kind trace: the `trace` records of a GPU run (stepscope trace) next to the prediction of the run's "
                "model and plan (--model, the plan and workload options, --system): step time, compute, exposed "
                "communication.")
 
@@ -34,9 +34,14 @@ COLUMNS = ["model", "n_layers", "batch", "seq", "precision", "forward_measured_m
 def add_options(parser: argparse.ArgumentParser) -> None:
     add_records_options(parser, CompareConfig)
     add_system_option(parser, CompareConfig)
-    group = parser.add_argument_group("traces of GPU runs (--trace)")
-    group.add_argument("--trace", action="store_true", help="compare the `trace` records with the prediction of "
-                       "--model and the plan and workload options below, on --system")
+    group = parser.add_argument_group("traces of GPU runs (--kind trace)")
+    group.add_argument("--kind", default="step", choices=("step", "trace"),
+                       help="the records compared: step (measured steps, each predicted alike), or trace (the `trace` "
+                            "records, with the prediction of --model and the plan and workload options below, on "
+                            "--system) (default %(default)s)")
+    old = group.add_argument("--trace", dest="kind", action="store_const", const="trace", default=argparse.SUPPRESS,
+                             help=argparse.SUPPRESS)
+    old.alias_of = "--kind"  # formerly the flag of `--kind trace` (docs/vocabulary.md)
     add_model_options(parser)
     add_training_options(parser)
     add_plan_options(parser)
@@ -47,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.cli.output import Printer
     from stepscope.perfmodel.validate.compare import run_compare
 
-    if args.trace:
+    if args.kind == "trace":
         return _run_trace(args)
 
     outcome = run_compare(CompareConfig(records=tuple(args.records), where=tuple(args.where), system=args.system),

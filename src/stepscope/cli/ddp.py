@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.cli.options import (
+    add_alias,
     add_config_option,
     add_output_options,
     add_plot_options,
@@ -44,8 +45,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     option("--seq", "tokens per sequence")
     option("--world", "ranks to spawn (torchrun sets its own)")
     option("--precision", "|".join(PRECISIONS))
-    option("--variants", "which to run; torch = torch.nn.parallel.DistributedDataParallel with the same caps")
-    option("--bucket-mb", "bucket caps in MiB for bucketed and torch; 'none' = one bucket", show=_show_cap)
+    option("--impl", "the variants to run; torch = torch.nn.parallel.DistributedDataParallel with the same caps",
+           field="variants")
+    add_alias(parser, "--variants", "--impl")
+    option("--bucket-MiB", "bucket caps in MiB for bucketed and torch; 'none' = one bucket", show=_show_cap)
+    add_alias(parser, "--bucket-mb", "--bucket-MiB")
     option("--bucket-rule", "strict|torch: how DDPBucketed fills buckets")
     group.add_argument("--shard-optimizer", action="store_true",
                        help="time steps with ShardedOptimizer(AdamW) (memory is shown for both)")
@@ -82,8 +86,8 @@ def build_configs(args: argparse.Namespace) -> list[DDPBenchConfig]:
     common: dict[str, Any] = dict(
         world=effective_world(one_value(args.world, positive_int, "--world")),
         precision=one_value(args.precision, choice(*PRECISIONS), "--precision"),
-        variants=tuple(dict.fromkeys(parse_list(args.variants, choice(*ALL_VARIANTS), "--variants"))),
-        bucket_mb=tuple(dict.fromkeys(parse_list(args.bucket_mb, _cap, "--bucket-mb"))),
+        variants=tuple(dict.fromkeys(parse_list(args.impl, choice(*ALL_VARIANTS), "--impl"))),
+        bucket_MiB=tuple(dict.fromkeys(parse_list(args.bucket_MiB, _cap, "--bucket-MiB"))),
         bucket_rule=one_value(args.bucket_rule, choice("strict", "torch"), "--bucket-rule"),
         shard_optimizer=args.shard_optimizer,
         warmup=one_value(args.warmup, non_negative_int, "--warmup"),
@@ -91,7 +95,7 @@ def build_configs(args: argparse.Namespace) -> list[DDPBenchConfig]:
         comm_iters=one_value(args.comm_iters, positive_int, "--comm-iters"),
         backend=one_value(args.backend, choice("auto", "gloo", "nccl"), "--backend"),
         seed=one_value(args.seed, non_negative_int, "--seed"),
-        timeout_s=one_value(args.timeout, positive_float, "--timeout"), oversubscribe=args.oversubscribe)
+        timeout_s=one_value(args.timeout_s, positive_float, "--timeout-s"), oversubscribe=args.oversubscribe)
     batches = unique(parse_list(args.batch, positive_int, "--batch"))
     seqs = unique(parse_list(args.seq, positive_int, "--seq"))
     threads = [None] if args.threads is None else unique(parse_list(args.threads, positive_int, "--threads"))

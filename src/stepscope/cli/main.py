@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from stepscope.errors import DistributedError, UsageError
+from stepscope.results.files import remove_created
 
-COMMANDS = ("step", "profile", "memory", "attention", "comm", "ddp", "moe", "predict", "plan", "calibrate",
+COMMANDS = ("step", "profile", "memory", "attention", "op_rates", "comm", "ddp", "moe", "predict", "plan", "calibrate",
             "compare", "validate", "trace", "innet", "precision", "show", "report", "models")
-"""The command modules of this package, in the order `--help` lists them. Each defines NAME, HELP, DESCRIPTION,
+"""The command modules of this package, in the order `--help` lists them (a module's NAME is the command:
+`op_rates` is `op-rates`). Each defines NAME, HELP, DESCRIPTION,
 `add_options(parser)` and `run(args)` (see `stepscope.cli.options.add_command`)."""
 
 
@@ -57,9 +59,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return int(args.func(args) or 0)
     except UsageError as error:
+        remove_created()  # a refused command leaves no empty folder or record file behind
         print(f"stepscope: error: {error}", file=sys.stderr)
         return 2
     except DistributedError as error:
+        remove_created()
         # a rank failed: its error and the tail of its traceback, and a non-zero exit (never a hang)
         print(f"stepscope: error: {error}", file=sys.stderr)
         if getattr(error, "details", ""):

@@ -44,7 +44,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepscope.cli.output import Printer, TableEmitter, effective_threads, memory_header
+    from stepscope.cli.output import Printer, TableEmitter, effective_threads, memory_header, summary_columns
     from stepscope.measure.memory.benchmark import run_memory_sweep
     from stepscope.results.views import record_row
 
@@ -66,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if len(outcome.records) > 1 and args.format in ("table", "md"):  # as `stepscope step`
         rows = [{**record_row(r), "threads": effective_threads(r), "timeline": timelines.get(r["key"])}
                 for r in outcome.records]
-        columns = [c for c in SUMMARY_COLUMNS if any(row.get(c) is not None for row in rows)]
-        printer.emit(rows, title="memory sweep summary (MiB)", columns=columns)
+        printer.emit(rows, title="memory sweep summary (MiB)", columns=summary_columns(rows, SUMMARY_COLUMNS))
     if outcome.skipped:
         printer.note(f"skipped {outcome.skipped} point(s) already in {args.out}/memory.jsonl (--resume)")
     printer.note(f"records: {args.out}/memory.jsonl and {args.out}/memory-*.jsonl")

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
                       tokens=one_value(args.tokens, positive_int, "--tokens"),
                       warmup=one_value(args.warmup, non_negative_int, "--warmup"),
                       iters=one_value(args.iters, positive_int, "--iters"), backend=args.backend,
-                      timeout_s=one_value(args.timeout, positive_float, "--timeout"),
+                      timeout_s=one_value(args.timeout_s, positive_float, "--timeout-s"),
                       threads=optional_value(args.threads, positive_int, "--threads"), seed=args.seed)
     printer = Printer(args.format)
     record, result = run_moe_ep(config, args.out)

@@ -89,8 +89,43 @@ class TableEmitter:
 
 
 def point_fields(step: Any) -> dict[str, Any]:
-    """The identity of a step point (a StepConfig) in machine-readable output."""
-    return {"model": step.model.name, **step.workload.to_dict(), "attention": step.attention, "threads": step.threads}
+    """The identity of a step point (a StepConfig) in machine-readable output: the fields a point overrides of its
+    preset are columns too."""
+    return {"model": step.model.name, **overridden_fields(step.model), **step.workload.to_dict(),
+            "attention": step.attention, "threads": step.threads}
+
+
+def overridden_fields(spec: Any) -> dict[str, Any]:
+    """The fields of a ModelSpec that differ from its preset (`--n-layers 2`: {"n_layers": 2}); {} for a model
+    that is no preset."""
+    from stepscope.errors import UsageError
+    from stepscope.spec import get_preset
+
+    try:
+        preset = get_preset(spec.name).to_dict()
+    except (UsageError, KeyError):
+        return {}
+    return {k: v for k, v in spec.to_dict().items() if k != "name" and preset.get(k) != v}
+
+
+def model_label(spec: Any) -> str:
+    """The model as titles name it: its preset and what the point overrides (`small n_layers 2`), so the points of
+    a sweep over a field (`--n-layers 2,4`) tell apart."""
+    return " ".join([spec.name, *(f"{k} {v}" for k, v in overridden_fields(spec).items())])
+
+
+def summary_columns(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> list[str]:
+    """`columns` that some row has, with the model fields that differ between the rows (a swept `--n-layers`)
+    right after `model`."""
+    import dataclasses
+
+    from stepscope.results.views import varying_columns
+    from stepscope.spec import ModelSpec
+
+    swept = varying_columns(rows, [f.name for f in dataclasses.fields(ModelSpec) if f.name != "name"])
+    out = [c for c in columns if any(row.get(c) is not None for row in rows)]
+    at = out.index("model") + 1 if "model" in out else 0
+    return out[:at] + [c for c in swept if c not in out] + out[at:]
 
 
 def effective_threads(record: dict[str, Any]) -> int | None:
@@ -101,9 +136,9 @@ def effective_threads(record: dict[str, Any]) -> int | None:
 
 
 def point_title(step: Any) -> str:
-    """`small batch 4 seq 128 train fp32 sdpa`."""
+    """`small batch 4 seq 128 train fp32 sdpa` (`small n_layers 2 batch ...` where a field is overridden)."""
     workload = step.workload
-    return (f"{step.model.name} batch {workload.batch} seq {workload.seq} {workload.mode} {workload.precision} "
+    return (f"{model_label(step.model)} batch {workload.batch} seq {workload.seq} {workload.mode} {workload.precision} "
             f"{step.attention}")
 
 

@@ -22,7 +22,7 @@ DESCRIPTION = "Time a training step phase by phase. Comma lists sweep."
 
 
 SUMMARY_COLUMNS = ["model", "batch", "seq", "mode", "precision", "attention", "moe_impl", "warmup", "threads", "status",
-                   "step_ms_median", "step_tokens_per_s", "step_GFLOPps", "step_gemm_fraction", "step_mfu_pct"]
+                   "step_ms_median", "step_tokens_per_s", "step_TFLOPps", "step_gemm_fraction", "step_mfu_pct"]
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +42,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepscope.cli.output import Printer, effective_threads
+    from stepscope.cli.output import Printer, effective_threads, model_label, overridden_fields, summary_columns
     from stepscope.measure.step.benchmark import PHASE_COLUMNS, run_step_sweep
     from stepscope.results.views import record_row
 
@@ -61,14 +61,15 @@ def run(args: argparse.Namespace) -> int:
 
     def show(record, config, result) -> None:
         if args.format in ("csv", "json"):  # one row shape for every point, oom rows included (one CSV header)
-            identity = {"model": config.model.name, **config.workload.to_dict(), "attention": config.attention,
+            identity = {"model": config.model.name, **overridden_fields(config.model), **config.workload.to_dict(),
+                        "attention": config.attention,
                         "moe_impl": config.moe_impl if config.model.is_moe else None,
                         "warmup": config.warmup, "threads": effective_threads(record), "status": record["status"]}
             rows = [{**identity, **row} for row in result.rows()] if result is not None else [
                 {**identity, "note": record.get("note")}]
             printer.emit(rows, columns=[*identity, *PHASE_COLUMNS, "note"])
             return
-        point = f"{config.model.name} batch {config.workload.batch} seq {config.workload.seq} " \
+        point = f"{model_label(config.model)} batch {config.workload.batch} seq {config.workload.seq} " \
                 f"{config.workload.mode} {config.workload.precision} {config.attention}" \
                 + (f" experts {config.moe_impl}" if config.model.is_moe else "") \
                 + (f" warmup {config.warmup}" if several_warmups else "")
@@ -76,12 +77,16 @@ def run(args: argparse.Namespace) -> int:
             printer.emit([{"point": point, "status": record["status"], "note": record.get("note")}])
             return
         extra = f", compile {result.compile_s:.1f} s" if result.compile_s is not None else ""
-        printer.emit(result.rows(), title=f"{point} ({result.device}, {result.threads} threads{extra})")
+        rows = result.rows()
+        # mean, min and max stay in the records and in csv/json: the median and p10-p90 tell the time and its
+        # spread, and the table fits 100 columns
+        shown = [c for c in PHASE_COLUMNS if c not in ("mean_ms", "min_ms", "max_ms") and any(c in row for row in rows)]
+        printer.emit(rows, title=f"{point} ({result.device}, {result.threads} threads{extra})", columns=shown)
 
     outcome = run_step_sweep(configs, args.out, resume=args.resume, on_record=show)
     if len(outcome.records) > 1 and args.format in ("table", "md"):
         rows = [{**record_row(r), "threads": effective_threads(r)} for r in outcome.records]
-        printer.emit(rows, title="sweep summary", columns=[c for c in SUMMARY_COLUMNS if any(c in r for r in rows)])
+        printer.emit(rows, title="sweep summary", columns=summary_columns(rows, SUMMARY_COLUMNS))
     if outcome.skipped:
         printer.note(f"skipped {outcome.skipped} point(s) already in {args.out}/step.jsonl (--resume)")
     printer.note(f"records: {args.out}/step.jsonl")

@@ -39,7 +39,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add_config_option(group, TraceConfig, "--system", "system preset or TOML whose peaks the roofline measures "
                       "against (default: the preset of the trace's device name, else the published peaks table)")
     group.add_argument("--progress", action="store_true", help="show a progress bar while reading")
-    group.add_argument("--tally", action="store_true", help="THAPI-style tables instead of the analysis: host API "
+    group.add_argument("--tally", nargs="?", const="api", choices=("api",), default=None, help="api (the default of "
+                       "a bare --tally): THAPI-style tables instead of the analysis: host API "
                        "calls (CUDA runtime), device activity (NCCL kernels by name), memory operations (memcpy / "
                        "memset), collectives by message size; the files side by side (records: trace-tally)")
     add_output_options(parser, resume=False)

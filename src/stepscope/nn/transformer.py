@@ -67,7 +67,6 @@ class Attention(nn.Module):
         self.out = nn.Linear(spec.q_dim, spec.d_model, bias=spec.attn_bias)
         self.rotary = (Rotary(spec.head_dim, spec.context_length, spec.rope_theta)
                        if spec.positions == "rope" else None)
-        self.attention_name = attention
         self.attend = get_attention(attention)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -178,7 +177,7 @@ class TransformerLM(nn.Module):
         """Switch every block to another attention backend (parameters are unchanged)."""
         fn = get_attention(attention)
         for block in self.blocks:
-            block.attn.attend, block.attn.attention_name = fn, attention
+            block.attn.attend = fn
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -76,7 +76,7 @@ class PredictedStep:
     def totals(self) -> dict[str, Any]:
         p, gpus = self.prediction, self.point.plan.gpus
         return {"step_s": p.step_s, "tokens_per_s": p.tokens_per_s, "mfu_pct": p.mfu_pct, "hfu_pct": p.hfu_pct,
-                "tflops_per_gpu": p.model_flops / p.step_s / gpus / 1e12, "micro_batches": p.micro_batches,
+                "TFLOPps_per_gpu": p.model_flops / p.step_s / gpus / 1e12, "micro_batches": p.micro_batches,
                 "mem_GiB": p.memory.total / 2**30, "capacity_GiB": p.memory.capacity / 2**30,
                 "fits": p.memory.feasible}
 

@@ -3,7 +3,7 @@
 This is the only place where the measurement side's record layout meets the performance model; it reads
 JSON (no torch). Records that are not `ok`, or lack the fields a point needs, are skipped and counted.
 - step: config `model_spec`, batch, seq, precision, mode, attention; metrics `<phase>_ms_median`,
-  `gemm_GFLOPps` (the host's large-GEMM rate); env `cpu_model` / `device_name`, threads.
+  `gemm_TFLOPps` (the host's large-GEMM rate); env `cpu_model` / `device_name`, threads.
 - attention (`stepscope attention`): config batch, heads, seq, dim (or head_dim), dtype (or precision),
   causal, impl (or backend); metrics `fwd_ms_median` (and `bwd_ms_median` when measured).
 - comm (`stepscope comm`): the fit records (config `"record": "fit"`, op, world_size, backend) with metrics
@@ -166,10 +166,10 @@ def _step(records: list[dict[str, Any]], out: RecordSet) -> None:
             out.skip(f"step record without a positive {phase}_ms_median")
             return
         phases[phase] = median(values) / 1e3
-    gemm = [g for g in (m.get("gemm_GFLOPps") for m in metrics) if _positive(g)]
+    gemm = [g for g in (m.get("gemm_TFLOPps") for m in metrics) if _positive(g)]
     threads = env.get("threads") or metrics[0].get("threads")
     out.steps.append(StepPoint(model=model, workload=workload, attention=str(config.get("attention", "sdpa")),
-                               phases=phases, gemm_flops_per_s=median(gemm) * 1e9 if gemm else None,
+                               phases=phases, gemm_flops_per_s=median(gemm) * 1e12 if gemm else None,
                                host=str(env.get("device_name") or env.get("cpu_model") or "unknown"),
                                threads=threads if isinstance(threads, int) and not isinstance(threads, bool)
                                else None, records=len(records)))

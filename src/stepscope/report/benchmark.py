@@ -44,7 +44,7 @@ def _step_and_prediction(i: int) -> Iterator[dict[str, Any]]:
     stats = {f"{phase}_ms_{stat}": ms * share * (1 + 0.05 * k) for phase, share in (("forward", 0.3),
              ("backward", 0.6), ("step", 1.0)) for k, stat in enumerate(("median", "mean", "std", "min", "max"))}
     yield _record("step", {"model": "tiny", **workload, "attention": "sdpa", "warmup": 2, "iters": 5},
-                  {**stats, "step_tokens_per_s": batch * seq / ms * 1e3, "step_GFLOPps": 10.0 + i % 7})
+                  {**stats, "step_tokens_per_s": batch * seq / ms * 1e3, "step_TFLOPps": 0.01 + i % 7 / 1e3})
     plan = {"micro_batch": batch, "recompute": "none", "flash_attention": True}  # how the step ran
     yield _record("predict", {"model": "tiny", **workload, "system": "CPU", "gpus": 1, "plan": plan},
                   {"step_s": ms * 1.1e-3, "forward_ms": ms * 0.33, "backward_ms": ms * 0.62, "mfu_pct": 30.0})
@@ -112,11 +112,11 @@ def main() -> None:
     # on a shared machine the wall time counts the others' load too: the CPU time is what the build itself costs
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"{os.cpu_count()} cores, load average {load:.1f} at the start")
-    print(f"{'records':>8} {'wall_s_median':>14} {'wall_s_best':>12} {'cpu_s_median':>13} {'size_MB':>8} "
+    print(f"{'records':>8} {'wall_s_median':>14} {'wall_s_best':>12} {'cpu_s_median':>13} {'size_MiB':>8} "
           f"{'wall/budget':>12} {'MB/budget':>10}")
     for records in (args.records // 10, args.records):
         median, best, cpu, size = measure(records, args.repeats)
-        print(f"{records:>8} {median:>14.3f} {best:>12.3f} {cpu:>13.3f} {size / 1e6:>8.2f} "
+        print(f"{records:>8} {median:>14.3f} {best:>12.3f} {cpu:>13.3f} {size / 2**20:>8.2f} "
               f"{median / BUDGET_S:>12.2f} {size / 1e6 / BUDGET_MB:>10.2f}")
     print(f"budgets: {BUDGET_S:g} s and {BUDGET_MB:g} MB for 10,000 records (median of {args.repeats} builds, "
           "reading the .jsonl files included)")

@@ -14,8 +14,6 @@ IDENTITY_FIELDS = ("hostname", "cpu_model", "cores", "device", "device_name", "t
 MIXED_FIELDS = ("hostname", "cpu_model", "device_name", "torch", "python", "stepscope_version", "git_sha")
 """Fields whose mixing is warned about: the machine and the software. Threads and world size vary on purpose
 in a sweep (`--threads 1,2`, `--world 2,4`), so they are shown but not warned about."""
-MAX_COMMANDS = 5
-"""Distinct command lines listed per environment; the rest are counted."""
 
 
 @dataclass

@@ -60,6 +60,7 @@ DESCRIPTIONS = {
     "calibrate-rates": "A system's curve top, fused-attention and fp8 efficiency fitted to a GPU's measured op rates.",
     "calibrate-trace": "A system fitted to a GPU profiler trace: GEMM efficiency by shape, attention and elementwise "
                        "rates, the collectives' latency and bandwidth.",
+    "op-rates": "A model's own GEMMs and attention timed on a GPU, beside the rates the performance model assumes.",
     "validate": "Published measured runs next to the performance model's prediction.",
 }
 

@@ -10,6 +10,37 @@ from stepscope.errors import UsageError
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
+_CREATED: list[Path] = []
+"""What the checks of this process created (folders, empty record files), in order: a refused command takes back
+what is still empty (`remove_created`)."""
+
+
+def make_folder(folder: Path) -> None:
+    """`mkdir -p`, remembering the folders it creates (OSError as mkdir raises it)."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    _CREATED.extend(reversed(missing))
+
+
+def note_created(path: Path) -> None:
+    """Remember a file a check created (taken back by `remove_created` while still empty)."""
+    _CREATED.append(path)
+
+
+def remove_created() -> None:
+    """Remove what the checks created and nothing has filled since: empty files, then empty folders, the deepest
+    first. The command line calls it when it refuses a command, so a refused command leaves nothing behind; a
+    file or folder that holds anything (a finished point) stays."""
+    for path in reversed(_CREATED):
+        try:
+            if path.is_file() and path.stat().st_size == 0:
+                path.unlink()
+            elif path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+        except OSError:
+            pass  # gone already, or not ours to remove any more
+    _CREATED.clear()
+
 
 def check_results_folder(out_dir: str | os.PathLike) -> Path:
     """Refuse an --out folder that is (or lies under) an existing file. Creates nothing."""
@@ -34,7 +65,7 @@ def check_writable_file(path: str | os.PathLike, what: str) -> Path:
     try:
         if path.is_dir():
             raise IsADirectoryError(21, "is a directory")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(path.parent)
         with open(path, "a"):
             pass
     except OSError as error:
@@ -50,7 +81,7 @@ def check_writable_dir(path: str | os.PathLike, what: str) -> Path:
     refuse_file_as_folder(path, what, f"give a folder: {what} are written into one")
     probe = path / f".stepscope-probe-{os.getpid()}"
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        make_folder(path)
         probe.touch()
         probe.unlink()
     except OSError as error:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.results.files import check_results_folder
+from stepscope.results.files import check_results_folder, make_folder, note_created
+from stepscope.results.renames import upgrade
 
 SCHEMA = "stepscope/1"
 STATUSES = ("ok", "oom", "mismatch", "unsupported", "error")
@@ -57,12 +58,15 @@ class RecordStore:
     def check_writable(self) -> RecordStore:
         """Create the folder and prove the file can be appended to, before any work is done."""
         check_results_folder(self.path.parent)
+        existed = self.path.exists()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_folder(self.path.parent)
             with open(self.path, "a"):
                 pass
         except OSError as error:
             raise UsageError(f"cannot write results to {self.path}: {error.strerror or error}") from None
+        if not existed:
+            note_created(self.path)
         return self
 
     def append(self, record: dict[str, Any]) -> None:
@@ -164,4 +168,4 @@ def _parse(line: str) -> dict[str, Any] | None:
     # a line of the right schema whose sections are not tables is not one of our records either
     if any(not isinstance(record.get(section, {}), dict) for section in ("config", "metrics", "env")):
         return None
-    return record
+    return upgrade(record)  # fields renamed since it was written: under today's names and units

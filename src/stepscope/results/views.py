@@ -80,26 +80,91 @@ def _numeric(rows: Sequence[dict[str, Any]], column: str) -> bool:
     return bool(values) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
+def table_width() -> int:
+    """The width tables fit: the terminal's (`COLUMNS` where set), 100 where output goes to a file or a pipe."""
+    import shutil
+
+    return shutil.get_terminal_size((TABLE_WIDTH, 24)).columns
+
+
+TABLE_WIDTH = 100
+"""Columns a table fits when there is no terminal to ask (pipes, files, the docs' outputs)."""
+GAP = 3
+"""Characters between two columns (padding and the space of the borderless box)."""
+
+
 def _rich_table(rows: Sequence[dict[str, Any]], columns: list[str], cells: list[list[str]], title: str | None,
                 width: int | None) -> str:
+    """A table no wider than `width` (default: `table_width()`): when its columns do not fit, it is printed in
+    parts, each with the label columns that tell the rows apart and as many others as fit; a cell wider than half
+    the width folds."""
+    limit = max(width or table_width(), 40)
+    widths = [min(max([len(column), *(len(row[i]) for row in cells)]), limit // 2) for i, column in enumerate(columns)]
+    numeric = [_numeric(rows, column) for column in columns]
+    parts = _column_parts(widths, numeric, cells, limit)
+    texts = []
+    for n, part in enumerate(parts):
+        part_title = title if n == 0 else "(continued)"
+        texts.append(_one_table([columns[i] for i in part], [[row[i] for i in part] for row in cells],
+                                [numeric[i] for i in part], [widths[i] for i in part], part_title))
+    return "\n\n".join(texts)
+
+
+def _column_parts(widths: list[int], numeric: list[bool], cells: list[list[str]], limit: int) -> list[list[int]]:
+    """Column indexes of each part: the label columns in every part, then the other columns in order, as many per
+    part as fit in `limit`. The labels are the fewest leading columns that tell every row apart (`model n_layers`
+    of a sweep), else the leading text columns; within half the width either way."""
+    if _width(list(range(len(widths))), widths) <= limit:
+        return [list(range(len(widths)))]
+    labels: list[int] = []
+    for k in range(1, len(widths)):
+        if _width(list(range(k)), widths) > limit // 2:
+            break
+        if len({tuple(row[:k]) for row in cells}) == len(cells):
+            labels = list(range(k))
+            break
+    if not labels:
+        for i, is_number in enumerate(numeric):
+            if is_number or _width(labels + [i], widths) > limit // 2:
+                break
+            labels.append(i)
+    parts: list[list[int]] = []
+    current = list(labels)
+    for i in range(len(labels), len(widths)):
+        if len(current) > len(labels) and _width(current + [i], widths) > limit:
+            parts.append(current)
+            current = list(labels)
+        current.append(i)
+    parts.append(current)
+    return parts
+
+
+def _width(indexes: list[int], widths: list[int]) -> int:
+    """Printed width of these columns: a leading space, the cells, the gaps between them."""
+    return 1 + sum(widths[i] for i in indexes) + GAP * max(len(indexes) - 1, 0)
+
+
+def _one_table(columns: list[str], cells: list[list[str]], numeric: list[bool], widths: list[int],
+               title: str | None) -> str:
     from rich import box
     from rich.console import Console
-    from rich.measure import Measurement
     from rich.table import Table
     from rich.text import Text
 
     # Text, not str: rich would read `[param|cuda]` (an op name) or `[/bold]` in a note as markup
-    table = Table(title=Text(title) if title else None, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
-    for column in columns:
-        table.add_column(Text(column), justify="right" if _numeric(rows, column) else "left", overflow="fold")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column, is_number, column_width in zip(columns, numeric, widths, strict=True):
+        table.add_column(Text(column), justify="right" if is_number else "left", overflow="fold",
+                         max_width=column_width)
     for row_cells in cells:
         table.add_row(*(Text(cell) for cell in row_cells))
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width or 1_000_000, no_color=True, highlight=False)
-    if width is None:  # the table's natural width, however wide, instead of folding its headers and cells
-        console.width = max(80, Measurement.get(console, console.options, table).maximum)
-    console.print(table)
-    return "\n".join(line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines())
+    # a console exactly the table's width: rich neither wraps the table nor cuts its header rule short
+    Console(file=buffer, width=_width(list(range(len(columns))), widths) + 1, no_color=True,
+            highlight=False).print(table)
+    text = "\n".join(line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines())
+    # the title on its own line, whole: rich would wrap a title longer than its table
+    return f"{title}\n{text}" if title else text
 
 
 def record_row(record: dict[str, Any], *, env: bool = False, metric_names: Iterable[str] = ()) -> dict[str, Any]:

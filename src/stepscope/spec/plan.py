@@ -192,10 +192,6 @@ class ParallelPlan:
         """Micro-batches each pipeline processes per step (gradient-accumulation steps)."""
         return global_batch // (self.dp * self.micro_batch)
 
-    def round_micro_batches(self, global_batch: int) -> int:
-        """Micro-batches of one pipeline schedule (`pipeline_rounds` of them run per step)."""
-        return self.micro_batches(global_batch) // self.pipeline_rounds
-
     def replace(self, **changes: Any) -> ParallelPlan:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)

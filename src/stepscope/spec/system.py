@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.errors import UsageError
+from stepscope.spec.peaks import published_matrix_TFLOPps
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,7 +39,8 @@ class Accelerator:
     name: str
     """Device name, e.g. `NVIDIA A100-SXM4-80GB`."""
     matrix_TFLOPps: dict[str, float]
-    """Dense matrix-multiply peak per precision (fp32 means PyTorch's default, non-TF32 fp32)."""
+    """Dense matrix-multiply peak per precision (fp32 means PyTorch's default, non-TF32 fp32). A TOML without it: the
+    published peaks of its `name` (`spec.peaks`)."""
     vector_TFLOPps: dict[str, float]
     """Elementwise (non-matrix) peak per precision."""
     hbm_GBps: float
@@ -268,6 +270,12 @@ def system_from_dict(data: dict[str, Any], source: str = "system") -> SystemSpec
     acc, net = data["accelerator"], data["network"]
     if not isinstance(acc, dict) or not isinstance(net, dict):
         raise UsageError(f"[accelerator] and [network] must be tables in {source}")
+    if "matrix_TFLOPps" not in acc and "name" in acc:  # the published peaks of its name (`spec.peaks`)
+        published = published_matrix_TFLOPps(str(acc["name"]))
+        if published is None:
+            raise UsageError(f"missing key 'matrix_TFLOPps' in [accelerator] of {source} (no published peaks for "
+                             f"{acc['name']!r})")
+        acc = {**acc, "matrix_TFLOPps": published}
     _check_keys(acc, Accelerator, f"[accelerator] of {source}")
     defaults = {f.name: f.default for f in dataclasses.fields(Accelerator)}
     accelerator = Accelerator(

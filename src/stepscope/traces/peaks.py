@@ -2,7 +2,7 @@
 
 In order: the system given (`--system`: a preset or a TOML file, its `matrix_TFLOPps` and `hbm_GBps`); the shipped
 system preset whose accelerator has exactly the trace's device name (`deviceProperties[0].name`, e.g. `NVIDIA H100
-80GB HBM3` is H100-SXM); the published table of dense peaks (`data/accelerator_peaks.csv`, whole-word match, no
+80GB HBM3` is H100-SXM); the published table of dense peaks (`spec.peaks`, whole-word match, no
 bandwidth). fp32 GEMMs run on TF32 tensor cores when their kernel says so (`tf32`, or CUTLASS's `s1688` / `s16816`
 shapes): then the TF32 peak is the reference.
 """
@@ -39,16 +39,12 @@ def device_peaks(device_name: str, system: str | None = None) -> DevicePeaks:
         spec = load_system(preset)
         if spec.accelerator.name == device_name:
             return _from_system(spec, f"preset {spec.name} (same device name)")
-    from stepscope.measure.peaks import published_peak
+    from stepscope.spec.peaks import published_matrix_TFLOPps
 
-    rates = {p: published_peak(device_name, p, tf32) for p, tf32 in (("bf16", False), ("fp16", False),
-                                                                      ("fp32", False))}
-    tf32 = published_peak(device_name, "fp32", True)
-    if tf32 is not None:
-        rates["tf32"] = tf32
-    rates = {p: r for p, r in rates.items() if r is not None}
+    rates = published_matrix_TFLOPps(device_name)
     if not rates:
         return DevicePeaks(device_name)
+    rates = {p: r * 1e12 for p, r in rates.items()}
     return DevicePeaks(device_name, rates, None, "accelerator_peaks.csv (no bandwidth: name a --system for GB/s)")
 
 

@@ -59,8 +59,8 @@ def rank_step_ms(steps: list[StepAcrossRanks]) -> list[dict[str, Any]]:
     return [{"step": s.step, **{f"rank{r}_ms": ms for r, ms in sorted(s.step_ms.items())}} for s in steps]
 
 
-ROOFLINE_COLUMNS = ["rank", "op", "shape", "precision", "calls", "time_ms", "gflop_per_call", "tflops", "peak_pct",
-                    "gbps", "bandwidth_pct", "bound"]
+ROOFLINE_COLUMNS = ["rank", "op", "shape", "precision", "calls", "time_ms", "GFLOP_per_call", "TFLOPps", "peak_pct",
+                    "GBps", "bandwidth_pct", "bound"]
 
 
 def roofline_rows(ranks: list[RankAnalysis], top: int) -> list[dict[str, Any]]:

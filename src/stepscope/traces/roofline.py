@@ -11,7 +11,6 @@ time, and only ops with no costed op inside them count (the innermost ones), so 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +41,7 @@ class RooflineRow:
 
     def metrics(self, peaks: DevicePeaks) -> dict[str, Any]:
         return rates(self.flops, self.bytes, self.time_us, self.precision, self.cost.family, peaks) | {
-            "calls": self.calls, "kernels": self.kernels, "gflop_per_call": self.flops / self.calls / 1e9}
+            "calls": self.calls, "kernels": self.kernels, "GFLOP_per_call": self.flops / self.calls / 1e9}
 
 
 def rates(flops: float, moved: float, time_us: float, precision: str, family: str,
@@ -53,9 +52,9 @@ def rates(flops: float, moved: float, time_us: float, precision: str, family: st
     tflops = flops / seconds / 1e12 if seconds > 0 else None
     gbps = moved / seconds / 1e9 if seconds > 0 else None
     peak = peaks.matrix_peak(precision) if family in ("gemm", "attention") else None
-    out: dict[str, Any] = {"time_ms": time_us / 1e3, "gflop": flops / 1e9, "gbyte": moved / 1e9,
-                           "tflops": tflops, "gbps": gbps,
-                           "intensity_flop_per_byte": flops / moved if moved > 0 else None,
+    out: dict[str, Any] = {"time_ms": time_us / 1e3, "GFLOP": flops / 1e9, "bytes": moved,
+                           "TFLOPps": tflops, "GBps": gbps,
+                           "intensity_FLOP_per_byte": flops / moved if moved > 0 else None,
                            "peak_pct": 100 * tflops * 1e12 / peak if peak and tflops is not None else None,
                            "bandwidth_pct": (100 * gbps * 1e9 / peaks.bandwidth
                                              if peaks.bandwidth and gbps is not None else None)}
@@ -184,8 +183,3 @@ def _owner(trace: RankTrace, parent: np.ndarray, tids: np.ndarray, times: np.nda
         owner[mine] = candidate
     return owner
 
-
-def rank_roofline(trace: RankTrace, peaks_of: Callable[[str], DevicePeaks]) -> tuple[list[RooflineRow],
-                                                                                   DevicePeaks]:
-    """The rows of one rank and the peaks of its device (`peaks_of(device name)`)."""
-    return roofline(trace), peaks_of(trace.device_name)

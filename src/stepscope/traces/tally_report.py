@@ -61,7 +61,7 @@ def tables(records: Iterable[dict[str, Any]], top: int = 10) -> list[tuple[str, 
     sizes: dict[tuple[str, int], dict[str, Any]] = {}
     for label, record in zip(labels, chosen, strict=True):
         for op, size, calls, time_us in record["metrics"]["collectives"]:
-            row = sizes.setdefault((op, size), {"collective": op, "size_B": size})
+            row = sizes.setdefault((op, size), {"collective": op, "size_bytes": size})
             row[f"{label}_calls"], row[f"{label}_time_us"] = calls, time_us
     sources = sorted({r["metrics"]["collective_source"] for r in chosen})
     return [
@@ -70,7 +70,7 @@ def tables(records: Iterable[dict[str, Any]], top: int = 10) -> list[tuple[str, 
          _table(chosen, "device", "time_us", 1, top)),
         ("memory: memcpy / memset operations (bytes)", _table(chosen, "memory", "bytes", 1, top)),
         (f"collectives by message size (time in µs; from {' and '.join(sources)})",
-         sorted(sizes.values(), key=lambda r: (r["collective"], r["size_B"]))),
+         sorted(sizes.values(), key=lambda r: (r["collective"], r["size_bytes"]))),
     ]
 
 
@@ -84,10 +84,10 @@ def flat_rows(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         base = {"path": c["path"], "rank": c.get("rank"), "processes": m["processes"], "threads": m["threads"]}
         for table, value in (("host", "time_us"), ("device", "time_us"), ("memory", "bytes")):
             for name, slot in m[table].items():
-                rows.append({**base, "table": table, "name": name, "size_B": None, "calls": int(slot[0]),
+                rows.append({**base, "table": table, "name": name, "size_bytes": None, "calls": int(slot[0]),
                              "time_us": slot[1] if value == "time_us" else slot[2], "bytes": slot[1]
                              if value == "bytes" else None})
         for op, size, calls, time_us in m["collectives"]:
-            rows.append({**base, "table": "collectives", "name": op, "size_B": size, "calls": calls,
+            rows.append({**base, "table": "collectives", "name": op, "size_bytes": size, "calls": calls,
                          "time_us": time_us, "bytes": None})
     return rows

@@ -10,11 +10,11 @@ TINY = ["--model", "tiny", "--batch", "2", "--seq", "16", "--warmup", "0", "--it
 
 def test_benchmark_runs_records_every_variant_and_writes_the_plot(cli, tmp_path):
     plot = tmp_path / "plots" / "ddp.png"
-    code, out, err = cli("ddp", *TINY, "--bucket-mb", "0.01,none", "--shard-optimizer", "--out", tmp_path,
+    code, out, err = cli("ddp", *TINY, "--bucket-MiB", "0.01,none", "--shard-optimizer", "--out", tmp_path,
                          "--plot", plot)
     assert code == 0, err
     records = read_records(tmp_path / "ddp.jsonl")
-    labels = [(r["config"]["variant"], r["config"]["bucket_mb"]) for r in records]
+    labels = [(r["config"]["variant"], r["config"]["bucket_MiB"]) for r in records]
     assert labels == [("compute", None), ("naive", None), ("flat", None), ("individual", None),
                       ("bucketed", 0.01), ("bucketed", None), ("torch", 0.01), ("torch", None)]
     assert all(r["status"] == "ok" for r in records), [r["metrics"].get("max_rel_error") for r in records]
@@ -35,7 +35,7 @@ def test_benchmark_runs_records_every_variant_and_writes_the_plot(cli, tmp_path)
     assert "best DDPBucketed" in out and "x torch " in out and "x naive" in out and "b* = sqrt(s*w*alpha)" in out
     assert "ShardedOptimizer(AdamW)" in out and "core(s) per rank busy" in out
     # --resume finds every record of the point and launches nothing
-    code, out, err = cli("ddp", *TINY, "--bucket-mb", "0.01,none", "--shard-optimizer", "--out", tmp_path,
+    code, out, err = cli("ddp", *TINY, "--bucket-MiB", "0.01,none", "--shard-optimizer", "--out", tmp_path,
                          "--no-plot", "--resume")
     assert code == 0 and "skipped 1 point" in out
     assert len(read_records(tmp_path / "ddp.jsonl")) == len(records)
@@ -44,7 +44,7 @@ def test_benchmark_runs_records_every_variant_and_writes_the_plot(cli, tmp_path)
 def test_a_point_that_does_not_fit_is_an_oom_row_per_variant(cli, tmp_path):
     # 2e10 sequences: the ranks cannot hold the data, agree on it before any collective, and the sweep records it
     code, out, err = cli("ddp", "--model", "tiny", "--batch", "20000000000", "--seq", "16", "--variants", "flat",
-                         "--bucket-mb", "none", "--iters", "1", "--warmup", "0", "--comm-iters", "1", "--no-plot",
+                         "--bucket-MiB", "none", "--iters", "1", "--warmup", "0", "--comm-iters", "1", "--no-plot",
                          "--out", tmp_path)
     assert code == 0, err
     records = read_records(tmp_path / "ddp.jsonl")
@@ -55,9 +55,9 @@ def test_a_point_that_does_not_fit_is_an_oom_row_per_variant(cli, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--batch", "3"], "not divisible by world size 2"),
     (["--variants", "naive,fast"], "invalid choice 'fast'"),
-    (["--bucket-mb", "0"], "invalid value '0' in --bucket-mb"),
-    (["--bucket-mb", "10,,1"], "malformed list"),
-    (["--bucket-mb", "inf"], "bucket sizes must be positive MiB up to"),
+    (["--bucket-MiB", "0"], "invalid value '0' in --bucket-MiB"),
+    (["--bucket-MiB", "10,,1"], "malformed list"),
+    (["--bucket-MiB", "inf"], "bucket sizes must be positive MiB up to"),
     (["--world", "0"], "invalid value '0' in --world"),
     (["--world", "2,4"], "--world takes one value"),
     (["--precision", "fp8"], "invalid choice 'fp8'"),

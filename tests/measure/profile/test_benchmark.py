@@ -91,8 +91,8 @@ def test_naive_attention_pieces_have_closed_form_flops_and_bytes(naive):
     assert rows["softmax"]["bytes"] == layers * 2 * b * h * s * s * e
     assert rows["value matmul"]["bytes"] == layers * (b * h * s * s + 2 * b * h * s * d) * e
     for row in rows.values():
-        assert row["calls_per_step"] == layers and row["time_ms"] > 0 and row["GFLOPps"] > 0 and row["GBps"] > 0
-    assert rows["softmax"]["flop_per_byte"] < 1 < rows["score matmul"]["flop_per_byte"]
+        assert row["calls_per_step"] == layers and row["time_ms"] > 0 and row["TFLOPps"] > 0 and row["GBps"] > 0
+    assert rows["softmax"]["FLOP_per_byte"] < 1 < rows["score matmul"]["FLOP_per_byte"]
 
 
 def test_timer_table_and_summary_metrics(naive):

@@ -8,6 +8,7 @@ import sys
 from functools import partial
 
 from stepscope.cli.options import (
+    add_alias,
     add_config_option,
     add_output_options,
     add_seed_option,
@@ -29,8 +30,8 @@ DESCRIPTION = ("In-network all-reduce through a switch process, per-op and batch
                "at the same world size.")
 
 
-COLUMNS = ["size_bytes", "mode", "innet_latency_ms_median", "innet_algbw_Gbps", "gloo_latency_ms_median",
-           "gloo_algbw_Gbps", "innet_vs_gloo_speedup", "ok", "to", "kr", "re", "dup", "old", "bad",
+COLUMNS = ["size_bytes", "mode", "innet_latency_ms_median", "innet_algbw_GBps", "gloo_latency_ms_median",
+           "gloo_algbw_GBps", "innet_vs_gloo_speedup", "ok", "to", "kr", "re", "dup", "old", "bad",
            "worker_retransmissions", "checked_elements", "wrong_elements", "unchecked_elements"]
 
 
@@ -38,18 +39,20 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     innet_options.add_world_option(parser, BenchConfig)
     option = partial(add_config_option, parser, BenchConfig)
     option("--sizes", "all-reduce sizes in bytes (K, M suffixes)", field="sizes_bytes", show=format_bytes)
-    option("--mode", "per-op, batch or both", field="modes")
+    option("--call-mode", "per-op (each op waited), batch (issued together) or both", field="modes")
+    add_alias(parser, "--mode", "--call-mode")
     option("--batch", "ops issued together in batch mode")
     option("--warmup", "untimed iterations per cell")
     option("--iters", "timed iterations per cell")
-    option("--dtype", "f32 (quantized) or i32 (exact sum)")
+    option("--dtype", "fp32 (quantized) or int32 (exact sum); f32, i32 as before")
     option("--op", "avg or sum")
     option(("-k", "--k"), "fastest-K (default: world, no tolerance)")
     parser.add_argument("--preemptive", action="store_true", help="complete blocks at K without the timeout")
     parser.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline")
     option("--switch-shards", "processes of the switch started for the run (slot j on shard j mod shards)")
     parser.add_argument("--check", action="store_true", help="verify every result; count wrong elements")
-    parser.add_argument("--tally", choices=("syscalls",), default=None, help="syscalls: run the benchmark again "
+    parser.add_argument("--tally", nargs="?", const="syscalls", choices=("syscalls",), default=None,
+                        help="syscalls (the default of a bare --tally): run the benchmark again "
                         "under strace and tally what innet (workers and switch) and gloo do beneath their APIs: "
                         "system calls by kind, processes, threads, per size side by side, with the overhead")
     add_seed_option(parser, BenchConfig, help="seed of inputs and straggler decisions")
@@ -63,11 +66,12 @@ def run(args: argparse.Namespace) -> int:
 
     config = BenchConfig(world=innet_options.world(args),
                          sizes_bytes=tuple(unique(parse_list(args.sizes, innet_options.size_bytes, "--sizes"))),
-                         modes=tuple(unique(parse_list(args.mode, choice(*CALL_MODES), "--mode"))),
+                         modes=tuple(unique(parse_list(args.call_mode, choice(*CALL_MODES), "--call-mode"))),
                          batch=one_value(args.batch, positive_int, "--batch"),
                          warmup=one_value(args.warmup, non_negative_int, "--warmup"),
                          iters=one_value(args.iters, positive_int, "--iters"),
-                         dtype=args.dtype, op=args.op, k=innet_options.optional_k(args.k),
+                         dtype=one_value(args.dtype, innet_options.element_dtype, "--dtype"), op=args.op,
+                         k=innet_options.optional_k(args.k),
                          preemptive=args.preemptive, gloo=not args.no_gloo, check=args.check, seed=args.seed,
                          switch_shards=one_value(args.switch_shards, positive_int, "--switch-shards"),
                          job=innet_options.job_config(args), syscalls=args.tally == "syscalls")

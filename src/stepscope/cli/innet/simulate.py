@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any
 
 from stepscope.cli.options import (
+    add_alias,
     add_config_option,
     add_output_options,
     add_seed_option,
@@ -31,20 +32,24 @@ DESCRIPTION = ("Simulate the protocol at line rate (no sockets): counters, throu
                "bounds. Comma lists sweep.")
 
 
-SWEEPS: dict[str, Callable[[str], Any]] = {  # SimConfig field (its option: --field-name) -> converter
-    "workers": positive_int, "link_gbps": positive_float, "pipes": positive_int, "slots": positive_int,
+SWEEPS: dict[str, Callable[[str], Any]] = {  # SimConfig field (its option: --field-name or OPTIONS) -> converter
+    "workers": positive_int, "link_Gbps": positive_float, "pipes": positive_int, "slots": positive_int,
     "sto_ms": float, "rto_ms": positive_float, "workload": str, "loss": fraction, "op_bytes": size_bytes,
     "k": lambda text: None if text == "world" else positive_int(text),
 }
-COLUMNS = ["workers", "link_gbps", "pipes", "slots", "workload", "sto_ms", "sto_ticks", "rto_ms", "k", "loss",
-           "op_bytes", "ok", "to", "kr", "re", "dup", "old", "op_ms_mean", "algbw_Gbps", "ideal_innet_algbw_Gbps",
-           "ideal_ring_algbw_Gbps", "sim_packets", "sim_packets_per_s"]
+OPTIONS = {"workers": "world"}
+"""A swept field whose option is named otherwise (as `innet bench` names the ranks)."""
+COLUMNS = ["workers", "link_Gbps", "pipes", "slots", "workload", "sto_ms", "sto_ticks", "rto_ms", "k", "loss",
+           "op_bytes", "ok", "to", "kr", "re", "dup", "old", "op_ms_mean", "algbw_GBps", "ideal_innet_algbw_GBps",
+           "ideal_ring_algbw_GBps", "sim_packets", "sim_packets_per_s"]
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     option = partial(add_config_option, parser, SimConfig)
-    option("--workers", "workers n, 2-1024")
-    option("--link-gbps", "link rate B, 10-400 Gb/s")
+    option("--world", "workers n (ranks), 2-1024", field="workers")
+    add_alias(parser, "--workers", "--world")
+    option("--link-Gbps", "link line rate B, 10-400 gigabits per second")
+    add_alias(parser, "--link-gbps", "--link-Gbps")
     option("--pipes", "switch pipelines 1-4 (k = 64 x pipes)")
     option("--slots", "slot pool size s")
     option("--window", "outstanding packets per worker (default slots)")
@@ -64,10 +69,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="e.g. 'ranks=5;delay=2s;prob=1;steps=3-5' (delay before each op, or ops 3-5 "
                         "(0-based); add dist=exp for exponential)")
     parser.add_argument("--int32", action="store_true", help="int32 ops (no exponent prologue round)")
-    parser.add_argument("--switch-mpps", default=None, help="packets (in + out) per second, in millions, the switch "
+    parser.add_argument("--switch-Mpps", default=None, help="packets (in + out) per second, in millions, the switch "
                         "handles (default: line rate; `emulator`: the software switch as measured here)")
-    parser.add_argument("--worker-mpps", default=None, help="packets per second, in millions, a worker's host "
+    add_alias(parser, "--switch-mpps", "--switch-Mpps")
+    parser.add_argument("--worker-Mpps", default=None, help="packets per second, in millions, a worker's host "
                         "handles (default: line rate; `emulator`: the emulator's worker as measured here)")
+    add_alias(parser, "--worker-mpps", "--worker-Mpps")
     add_seed_option(parser, SimConfig, help="random seed")
     add_output_options(parser, resume=False)
 
@@ -82,10 +89,11 @@ def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
                  jitter_us=one_value(args.jitter_us, float, "--jitter-us"),
                  stall_prob=one_value(args.stall_prob, float, "--stall-prob"),
                  stall_us=one_value(args.stall_us, float, "--stall-us"), quantized=not args.int32, seed=args.seed,
-                 switch_mpps=_rate(args.switch_mpps, EMULATOR_SWITCH_MPPS, "--switch-mpps"),
-                 worker_mpps=_rate(args.worker_mpps, EMULATOR_WORKER_MPPS, "--worker-mpps"),
+                 switch_Mpps=_rate(args.switch_Mpps, EMULATOR_SWITCH_MPPS, "--switch-Mpps"),
+                 worker_Mpps=_rate(args.worker_Mpps, EMULATOR_WORKER_MPPS, "--worker-Mpps"),
                  **(straggler_settings(args.straggler) if args.straggler else {}))
-    swept = {name: unique(parse_list(getattr(args, name), convert, f"--{name.replace('_', '-')}"))
+    swept = {name: unique(parse_list(getattr(args, OPTIONS.get(name, name)), convert,
+                                     f"--{OPTIONS.get(name, name).replace('_', '-')}"))
              for name, convert in SWEEPS.items()}
     return [SimConfig(**fixed, **dict(zip(swept, values, strict=True)))
             for values in itertools.product(*swept.values())]
@@ -115,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "table" and len({r["sto_ms"] for r in rows}) > 1 and summarizable:
         printer.emit(profile_table(rows, configs[0].ops), title="ok / to blocks (DPA's layout)")
         workload = "waited" if any(r["workload"] == "waited" for r in rows) else rows[0]["workload"]
-        printer.emit(throughput_table(rows, workload=workload), title=f"{workload}: Gb/s")
+        printer.emit(throughput_table(rows, workload=workload), title=f"{workload}: GB/s")
     printer.note(f"simulated {outcome.packets:,} packets at {outcome.packets_per_s:,.0f} packets/s; "
                  f"records: {outcome.path}")
     return 0

@@ -7,6 +7,7 @@ import argparse
 from functools import partial
 
 from stepscope.cli.options import (
+    add_alias,
     add_config_option,
     add_output_options,
     non_negative_int,
@@ -28,7 +29,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     option("--host", "address to bind (0.0.0.0 for other machines)")
     option("--port", "UDP port (0: the OS picks; printed on start)")
     option("--max-jobs", "jobs served at once")
-    option("--max-job-mib", "memory one job may take (MiB)", field="max_job_bytes", show=lambda size: str(size >> 20))
+    option("--max-job-MiB", "memory one job may take (MiB)", field="max_job_bytes", show=lambda size: str(size >> 20))
+    add_alias(parser, "--max-job-mib", "--max-job-MiB")
     option("--idle-s", "forget a job silent this long")
     option("--evict-after-s", "with the table full, a new job may evict a job that never completed a block and "
            "was silent this long")
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = SwitchConfig(host=args.host, port=one_value(args.port, int, "--port"),
                           max_jobs=one_value(args.max_jobs, positive_int, "--max-jobs"),
-                          max_job_bytes=one_value(args.max_job_mib, positive_int, "--max-job-mib") << 20,
+                          max_job_bytes=one_value(args.max_job_MiB, positive_int, "--max-job-MiB") << 20,
                           idle_s=one_value(args.idle_s, positive_float, "--idle-s"),
                           evict_after_s=one_value(args.evict_after_s, positive_float, "--evict-after-s"),
                           shards=one_value(args.shards, positive_int, "--shards"), offload=not args.no_offload,

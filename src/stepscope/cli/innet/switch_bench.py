@@ -1,5 +1,5 @@
 """`stepscope innet switch-bench`: the switch alone, driven by a packet generator at a given packet size and rate:
-packets per second in and out, Gb/s, per core. The work and the records: `stepscope.innet.runs.switch_bench`."""
+packets per second in and out, GB/s, per core. The work and the records: `stepscope.innet.runs.switch_bench`."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ from stepscope.distributed.collectives.sizes import format_bytes
 from stepscope.innet.runs.switch_bench import SwitchBenchConfig
 
 NAME = "switch-bench"
-HELP = "the switch alone under a packet generator: packets/s and Gb/s it sustains"
+HELP = "the switch alone under a packet generator: packets/s and GB/s it sustains"
 DESCRIPTION = ("A switch process (its own cores) driven by a packet generator (the other cores) at a given packet "
-               "size and rate, without workers: packets/s in and out, Gb/s, CPU per packet. Comma lists sweep.")
+               "size and rate, without workers: packets/s in and out, GB/s, CPU per packet. Comma lists sweep.")
 
-COLUMNS = ["payload_bytes", "world", "shards", "offload", "rate_pps", "in_pps", "out_pps", "total_pps", "total_Gbps",
+COLUMNS = ["payload_bytes", "world", "shards", "offload", "rate_pps", "in_pps", "out_pps", "total_pps", "total_GBps",
            "switch_cores", "total_pps_per_core", "total_pps_repeats", "wrong", "stalled"]
 
 

@@ -8,6 +8,7 @@ import argparse
 from functools import partial
 
 from stepscope.cli.options import (
+    add_alias,
     add_config_option,
     add_output_options,
     add_seed_option,
@@ -35,7 +36,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     option(("-k", "--k"), "fastest-K (default world - 1)")
     option("--sto-ms", "straggler timeouts (ms)")
     option("--rto-ms", "worker retransmission timeouts (ms)")
-    option("--size", "bytes per op", field="size_bytes", show=format_bytes)
+    option("--sizes", "bytes per op (one size)", field="size_bytes", show=format_bytes)
+    add_alias(parser, "--size", "--sizes")
     option("--ops", "ops of the waited and batch workloads")
     option("--workload", "workloads of the ok/to table", field="workloads")
     add_seed_option(parser, ProfileConfig, help="seed of the inputs")
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     config = ProfileConfig(world=innet_options.world(args), k=innet_options.optional_k(args.k),
                            sto_ms=tuple(unique(parse_list(args.sto_ms, non_negative_float, "--sto-ms"))),
                            rto_ms=tuple(unique(parse_list(args.rto_ms, positive_float, "--rto-ms"))),
-                           size_bytes=one_value(args.size, innet_options.size_bytes, "--size"),
+                           size_bytes=one_value(args.sizes, innet_options.size_bytes, "--sizes"),
                            ops=one_value(args.ops, positive_int, "--ops"),
                            workloads=tuple(unique(parse_list(args.workload, choice(*WORKLOADS), "--workload"))),
                            seed=args.seed, job=innet_options.job_config(args, timers=False))
@@ -63,10 +65,10 @@ def run(args: argparse.Namespace) -> int:
         printer.emit(rows)
     else:
         straggler = config.job.faults.straggler
-        printer.note(f"world {config.world}, straggle-{config.min_count}, {config.size_bytes} B per op, "
+        printer.note(f"world {config.world}, straggle-{config.min_count}, {config.size_bytes} bytes per op, "
                      f"k {config.job.k} values/packet, slots {config.job.slots}"
                      + (f"; injected straggler: {straggler.describe()} (steps: ops of a cell)" if straggler else ""))
         printer.emit(profile_table(rows, config.ops), title=f"ok / to blocks (RTO {config.rto_ms[0]:g} ms)")
-        printer.emit(throughput_table(rows), title=f"{config.ops} ops waited: Gb/s")
+        printer.emit(throughput_table(rows), title=f"{config.ops} ops waited: GB/s")
     printer.note(f"records: {outcome.records}")
     return 0

@@ -8,6 +8,7 @@ import argparse
 from functools import partial
 
 from stepscope.cli.options import (
+    add_alias,
     add_config_option,
     add_output_options,
     add_seed_option,
@@ -48,7 +49,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     option("--warmup", "untimed steps per scenario")
     option(("-k", "--k"), "fastest-K values: numbers, world, world-1 ... (default world,world-1)", field="ks")
     option("--ddp", "torch (DistributedDataParallel) or bucketed (DDPBucketed)")
-    option("--bucket-mb", "gradient bucket cap (MiB)")
+    option("--bucket-MiB", "gradient bucket cap (MiB)")
+    add_alias(parser, "--bucket-mb", "--bucket-MiB")
     parser.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline")
     option("--lr", "SGD learning rate")
     add_seed_option(parser, TrainConfig, help="seed of weights and data")
@@ -84,7 +86,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
                        warmup=one_value(args.warmup, positive_int, "--warmup"),
                        ks=None if args.k is None else tuple(unique(parse_list(args.k, k_value, "-k"))),
                        gloo=not args.no_gloo, ddp=one_value(args.ddp, choice(*DDP_KINDS), "--ddp"),
-                       bucket_mb=one_value(args.bucket_mb, positive_float, "--bucket-mb"),
+                       bucket_MiB=one_value(args.bucket_MiB, positive_float, "--bucket-MiB"),
                        lr=one_value(args.lr, positive_float, "--lr"), seed=args.seed,
                        job=innet_options.job_config(args, straggler=False), **straggler)
 

@@ -175,6 +175,19 @@ def add_config_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     parser.add_argument(*flags, default=default, help=help if default is None else f"{help} (default %(default)s)")
 
 
+def add_alias(parser: argparse.ArgumentParser | argparse._ArgumentGroup, alias: str, canonical: str) -> None:
+    """Keep an old spelling of option `canonical` working: `alias` does what it does (same destination, type and
+    values) but is not listed in --help, whose text names it once ("formerly ..."). docs/vocabulary.md lists every
+    alias; the vocabulary test refuses one it does not list."""
+    action = next(a for a in parser._actions if canonical in a.option_strings)
+    copy = argparse.Action.__new__(type(action))
+    copy.__dict__.update(action.__dict__, option_strings=[alias], default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                         alias_of=canonical)
+    parser._add_action(copy)
+    if action.help not in (None, argparse.SUPPRESS):
+        action.help = f"{action.help}; formerly {alias}" if "formerly" not in action.help else f"{action.help}, {alias}"
+
+
 # ---- commands -------------------------------------------------------------------------------------------------
 def add_command(subparsers: argparse._SubParsersAction, command: ModuleType) -> argparse.ArgumentParser:
     """The parser of a command module: its `NAME`, `HELP` and `DESCRIPTION`, the options its
@@ -195,9 +208,10 @@ def add_subcommands(parser: argparse.ArgumentParser, dest: str, metavar: str) ->
 # ---- option groups shared by several commands -----------------------------------------------------------------
 def add_output_options(parser: argparse.ArgumentParser, *, resume: bool = True,
                        formats: Sequence[str] = FORMATS, resume_help: str | None = None) -> None:
-    """`--out`, `--format` and (for commands that sweep) `--resume`."""
+    """`-o/--out`, `--format` and (for commands that sweep) `--resume`."""
     group = parser.add_argument_group("output")
-    group.add_argument("--out", default=DEFAULT_OUT, help=f"folder for JSON-Lines records (default {DEFAULT_OUT})")
+    group.add_argument("-o", "--out", default=DEFAULT_OUT,
+                       help=f"folder for JSON-Lines records (default {DEFAULT_OUT})")
     group.add_argument("--format", default="table", choices=list(formats), help="how to print results")
     if resume:
         group.add_argument("--resume", action="store_true",

@@ -8,6 +8,7 @@ import argparse
 
 from stepscope.cli.options import (
     add_config_option,
+    choice,
     config_default,
     field_default,
     fraction,
@@ -29,6 +30,15 @@ def size_bytes(text: str) -> int:
     if value <= 0:
         raise ValueError(text)
     return value
+
+
+DTYPE_ALIASES = {"f32": "fp32", "i32": "int32"}
+"""The element types innet carries, by their earlier names: one spelling everywhere (fp32 as in `comm --dtype`)."""
+
+
+def element_dtype(text: str) -> str:
+    """fp32 or int32 (f32 and i32 as before)."""
+    return choice("fp32", "int32")(DTYPE_ALIASES.get(text, text))
 
 
 def optional_k(text: str | None, option: str = "-k") -> int | None:

@@ -103,7 +103,8 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
         add_config_option(group, ParallelPlan, option, help_text)
     add_config_option(group, ParallelPlan, "--expert-imbalance", "MoE load imbalance: tokens of the busiest "
                       "expert-parallel rank / the mean (>= 1)")
-    group.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
+    group.add_argument("--sequence-parallel", nargs="?", const="yes", default="no", metavar="yes|no",
+                       help="Megatron sequence parallelism (a bare --sequence-parallel: yes; default %(default)s)")
     for option, help_text, field in (("--zero", "ZeRO stage 0-3, 1 = distributed optimizer", None),
                                      ("--recompute", "|".join(RECOMPUTE), None),
                                      ("--flash", "fused flash attention: yes|no", "flash_attention"),
@@ -135,7 +136,8 @@ def plan_from_args(args: argparse.Namespace, spec: ModelSpec) -> tuple[ParallelP
     plan = ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=micro_batch, zero=one_value(args.zero, int, "--zero"),
                         recompute=one_value(args.recompute, choice(*RECOMPUTE), "--recompute"),
                         interleave=one_value(args.interleave, positive_int, "--interleave"),
-                        sequence_parallel=args.sequence_parallel, flash_attention=yes_no(args.flash, "--flash"),
+                        sequence_parallel=yes_no(args.sequence_parallel, "--sequence-parallel"),
+                        flash_attention=yes_no(args.flash, "--flash"),
                         placement=tuple(parse_list(args.placement, str, "--placement")),
                         first_stage_layers=one_value(args.first_stage_layers, non_negative_int, "--first-stage-layers"),
                         last_stage_layers=one_value(args.last_stage_layers, non_negative_int, "--last-stage-layers"),
@@ -171,7 +173,6 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     for option, help_text, field in (("--interleave", "interleave values to try", None),
                                      ("--zero", "ZeRO stages to try", None),
                                      ("--recompute", "recompute modes to try", None),
-                                     ("--sequence-parallel", "sequence parallelism: no, yes, or no,yes", None),
                                      ("--flash", "fused flash attention: yes, no, or no,yes", "flash_attention"),
                                      ("--shard-group", "ZeRO/FSDP shard group sizes to try (0: all dp x cp ranks; "
                                       "smaller: HSDP)", None),
@@ -181,6 +182,10 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
                                      ("--fp8-recipe", f"scaling of fp8 GEMMs with --precision fp8: "
                                       f"{'|'.join(FP8_RECIPES)}", None)):
         add_config_option(group, SearchSpace, option, help_text, field=field)
+    group.add_argument("--sequence-parallel", nargs="?", const="yes", metavar="yes|no",
+                       default=config_default(SearchSpace, "sequence_parallel"),
+                       help="sequence parallelism: no, yes, or no,yes (a bare --sequence-parallel: yes; default "
+                            "%(default)s)")
     add_config_option(group, SearchSpace, "--expert-imbalance", "MoE load imbalance of every plan: tokens of the "
                       "busiest expert-parallel rank / the mean (>= 1)")
     group.add_argument("--no-placements", action="store_true",

@@ -60,13 +60,13 @@ class CommConfig:
     def validate(self) -> None:
         """Raise UsageError for anything that cannot run here, before any work starts."""
         for name, values in (("--backend", self.backends), ("--world", self.worlds), ("--op", self.ops),
-                             ("--sizes", self.sizes), ("--dtype", self.dtypes), ("--mode", self.modes),
+                             ("--sizes", self.sizes), ("--dtype", self.dtypes), ("--call-mode", self.modes),
                              ("--place", self.places)):
             if not values:
                 raise UsageError(f"{name} needs at least one value")
         _check_choices("--op", self.ops, OPS)
         _check_choices("--dtype", self.dtypes, tuple(DTYPES))
-        _check_choices("--mode", self.modes, CALL_MODES)
+        _check_choices("--call-mode", self.modes, CALL_MODES)
         _check_choices("--place", self.places, PLACES)
         if min(self.worlds) < 1:
             raise UsageError(f"world sizes must be at least 1, got {min(self.worlds)}")

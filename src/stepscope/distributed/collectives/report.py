@@ -53,7 +53,7 @@ def table_blocks(records: Iterable[dict[str, Any]]) -> list[tuple[str, list[dict
         by_size: OrderedDict[int, dict[str, Any]] = OrderedDict()
         for m in members:
             c, metrics = m["config"], m.get("metrics", {})
-            row = by_size.setdefault(c["size_bytes"], {"size_B": c["size_bytes"], "count": c.get("count")})
+            row = by_size.setdefault(c["size_bytes"], {"size_bytes": c["size_bytes"], "count": c.get("count")})
             if c.get("skew") is not None:  # all_to_allv: what the split did, the same in both placements
                 row.setdefault("imbalance", None)
             place = bool(c.get("in_place"))

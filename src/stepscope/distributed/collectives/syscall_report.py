@@ -19,12 +19,12 @@ FLAT_COLUMNS = ["backend", "op", "world_size", "size_bytes", "dtype", "mode", "i
 TABLES: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("host: system calls (all kinds) and the time spent in them", (("calls", "calls"), ("time_us", "time_us"))),
     ("network: socket send / receive calls, bytes sent (payload + headers) and copied between processes (CMA)",
-     (("send_calls", "send"), ("recv_calls", "recv"), ("send_bytes", "sent_B"), ("copy_calls", "cma"),
-      ("copy_bytes", "cma_B"))),
+     (("send_calls", "send"), ("recv_calls", "recv"), ("send_bytes", "sent_bytes"), ("copy_calls", "cma"),
+      ("copy_bytes", "cma_bytes"))),
     ("polling and synchronisation: poll/epoll and futex/yield/sleep calls, and the time they waited",
      (("poll_calls", "poll"), ("sync_calls", "sync"), ("wait_us", "wait_us"))),
     ("memory and threads: mmap/munmap/brk/madvise/mprotect calls, bytes mapped, threads created",
-     (("memory_calls", "mem"), ("memory_bytes", "mapped_B"), ("thread_calls", "clones"))),
+     (("memory_calls", "mem"), ("memory_bytes", "mapped_bytes"), ("thread_calls", "clones"))),
     ("the tracer's overhead: time per collective call untraced (the command's own timed run) and under strace",
      (("untraced_time_us", "plain_us"), ("traced_time_us", "traced_us"), ("overhead_x", "x"))),
 )
@@ -75,7 +75,7 @@ def _tables(chosen: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]
         rows: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
         for record in chosen:
             c, m = record["config"], record["metrics"]
-            ident = {"op": c["op"], "size_B": c["size_bytes"], "mode": c.get("mode"), "dtype": c.get("dtype"),
+            ident = {"op": c["op"], "size_bytes": c["size_bytes"], "mode": c.get("mode"), "dtype": c.get("dtype"),
                      "place": {True: "in", False: "out"}.get(c.get("in_place"))}
             row = rows.setdefault(tuple(ident.values()), dict(ident))
             values = {**m, "wait_us": m["poll_time_us"] + m["sync_time_us"]}
@@ -84,8 +84,8 @@ def _tables(chosen: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]
                 if metric in PER_CALL and value is not None:
                     value = value / c["iters"]
                 row[f"{_group(record)}_{column}"] = value
-        ordered = sorted(rows.values(), key=lambda r: tuple(str(r[k]) if k != "size_B" else r[k] for k in
-                                                           ("op", "mode", "dtype", "place", "size_B")))
+        ordered = sorted(rows.values(), key=lambda r: tuple(str(r[k]) if k != "size_bytes" else r[k] for k in
+                                                           ("op", "mode", "dtype", "place", "size_bytes")))
         for name in ("op", "mode", "dtype", "place"):  # say what varies only
             if len({r[name] for r in ordered}) == 1:
                 for r in ordered:

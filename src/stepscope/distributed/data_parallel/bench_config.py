@@ -35,7 +35,7 @@ class DDPBenchConfig:
     """fp32, or bf16/fp16 autocast (gradients stay fp32: the weights are fp32)."""
     variants: tuple[str, ...] = ALL_VARIANTS
     """naive, flat, individual, bucketed (ours), torch (torch.nn.parallel.DistributedDataParallel)."""
-    bucket_mb: tuple[float | None, ...] = (1.0, 10.0, 100.0)
+    bucket_MiB: tuple[float | None, ...] = (1.0, 10.0, 100.0)
     """Bucket caps in MiB for bucketed and torch (None = one bucket)."""
     bucket_rule: str = "strict"
     """How DDPBucketed fills buckets: strict (never above the cap) or torch (close once reached)."""
@@ -78,9 +78,9 @@ class DDPBenchConfig:
         if unknown or not self.variants:
             raise UsageError(f"unknown variant {unknown[0] if unknown else ''!r}; choose from "
                              f"{','.join(ALL_VARIANTS)}")
-        if any(cap is not None and not 0 < cap <= MAX_BUCKET_MIB for cap in self.bucket_mb) or not self.bucket_mb:
+        if any(cap is not None and not 0 < cap <= MAX_BUCKET_MIB for cap in self.bucket_MiB) or not self.bucket_MiB:
             raise UsageError(f"bucket sizes must be positive MiB up to {MAX_BUCKET_MIB:,} (or none: one bucket), "
-                             f"got {list(self.bucket_mb)}")
+                             f"got {list(self.bucket_MiB)}")
         if self.bucket_rule not in ("strict", "torch"):
             raise UsageError(f"bucket rule must be strict or torch, got {self.bucket_rule!r}")
         if self.warmup < 0 or self.iters < 1 or self.comm_iters < 1:
@@ -90,12 +90,12 @@ class DDPBenchConfig:
 
     def points(self) -> list[tuple[str, float | None]]:
         """(variant, cap) in the order they are built and reported."""
-        return [(v, cap) for v in self.variants for cap in (self.bucket_mb if v in CAPPED else (None,))]
+        return [(v, cap) for v in self.variants for cap in (self.bucket_MiB if v in CAPPED else (None,))]
 
     def record_config(self, variant: str, cap_mb: float | None) -> dict[str, Any]:
         config = {"model": self.model.name, "batch": self.batch, "seq": self.seq, "world": self.world,
                   "precision": self.precision, "variant": variant,
-                  "bucket_mb": cap_mb if variant in CAPPED else None,
+                  "bucket_MiB": cap_mb if variant in CAPPED else None,
                   "bucket_rule": self.bucket_rule if variant == "bucketed" else None}
         config.update({k: v for k, v in dataclasses.asdict(self).items()
                        if k in ("shard_optimizer", "warmup", "iters", "comm_iters", "threads", "backend",

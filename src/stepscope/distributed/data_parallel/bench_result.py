@@ -24,7 +24,7 @@ class VariantResult:
 
     label: str
     variant: str
-    bucket_mb: float | None
+    bucket_MiB: float | None
     step: Stats
     """Per-round step time of the slowest rank."""
     rounds: list[float]
@@ -92,7 +92,7 @@ class DDPBenchResult:
     def torch_twin(self, result: VariantResult) -> VariantResult | None:
         if result.variant != "bucketed":
             return None
-        return next((v for v in self.variants if v.variant == "torch" and v.bucket_mb == result.bucket_mb), None)
+        return next((v for v in self.variants if v.variant == "torch" and v.bucket_MiB == result.bucket_MiB), None)
 
     # ---- views ---------------------------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
@@ -172,7 +172,7 @@ class DDPBenchResult:
                             "allreduce_w_GBps": self.bandwidth_Bps / 1e9,
                             "bstar_MiB": bstar / MiB if math.isfinite(bstar) else None})
             metrics["threads"] = self.threads
-            config = self.config.record_config(result.variant, result.bucket_mb)
+            config = self.config.record_config(result.variant, result.bucket_MiB)
             records.append(make_record("ddp", config, metrics, status="ok" if result.ok else "mismatch", env=env))
         return records
 

@@ -77,7 +77,7 @@ def run_ddp_benchmark(config: DDPBenchConfig) -> DDPBenchResult | DDPOutOfMemory
         rounds = slowest("steps", label)
         comm = Stats.of(slowest("comm", label)) if variant != COMPUTE else None
         error = max(rank["errors"].get(label, 0.0) for rank in per_rank)
-        return VariantResult(label=label, variant=variant, bucket_mb=cap, step=Stats.of(rounds), rounds=rounds,
+        return VariantResult(label=label, variant=variant, bucket_MiB=cap, step=Stats.of(rounds), rounds=rounds,
                              comm_alone=comm, n_buckets=len(first["messages"].get(label, [])),
                              max_rel_error=error, ok=error <= first["check_rtol"],
                              comm_buffers_MiB=first["comm_buffers_MiB"].get(label, 0.0),

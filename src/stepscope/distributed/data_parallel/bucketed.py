@@ -115,10 +115,6 @@ class DDPBucketed(DataParallel):
             self._finish_future(bucket, future)
 
     # ---- introspection ------------------------------------------------------------------------------
-    @property
-    def num_buckets(self) -> int:
-        return len(self._bucket_buffers)
-
     def message_numels(self) -> list[int]:
         return [buffer.numel() for buffer in self._bucket_buffers]
 

@@ -33,7 +33,7 @@ def plot_bucket_sweep(results: Sequence[DDPBenchResult], path: str | Path) -> Pa
     figure, axes = plt.subplots(rows, columns, figsize=(9.0 * columns, 4.6 * rows), squeeze=False)
     for panel, result in zip(axes.flat, results, strict=True):
         for variant, marker in (("bucketed", "o"), ("torch", "s")):
-            points = sorted(((_cap_position(result, v.bucket_mb), v) for v in result.variants
+            points = sorted(((_cap_position(result, v.bucket_MiB), v) for v in result.variants
                              if v.variant == variant), key=lambda item: item[0])
             if not points:
                 continue

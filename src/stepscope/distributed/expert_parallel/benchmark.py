@@ -142,9 +142,11 @@ def benchmark_ep(config: EPConfig) -> EPResult:
 
 def run_moe_ep(config: EPConfig, out: str | os.PathLike | None = None) -> tuple[dict[str, Any], EPResult]:
     """Benchmark one point and append its `moe-ep` record to `<out>/moe-ep.jsonl` (None: not stored)."""
+    from stepscope.distributed.launch.rank import resolve_backend
     from stepscope.measure.environment import torch_environment
 
     config.validate()
+    resolve_backend(config.backend, config.ep)  # a backend this machine lacks is refused before the store exists
     store = RecordStore(out, "moe-ep").check_writable() if out is not None else None
     result = benchmark_ep(config)
     env = torch_environment("cpu" if config.backend == "gloo" else "cuda", world_size=config.ep,

@@ -51,8 +51,6 @@ class ExpertParallelMoE:
         self.gated = experts.gated
         self.sent_rows = 0
         """Token rows this rank sent in the last dispatch (to itself included)."""
-        self.received_rows = 0
-        """Token rows this rank received in the last dispatch (its experts' work)."""
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor, lap: Callable[[str], None] = lambda piece: None) -> torch.Tensor:
@@ -70,7 +68,7 @@ class ExpertParallelMoE:
         rows = x.index_select(0, packed // routing.experts.shape[1])
         arrived = x.new_empty(sum(recv), x.shape[1])
         dist.all_to_all_single(arrived, rows, recv, send, group=self.group)
-        self.sent_rows, self.received_rows = rows.shape[0], arrived.shape[0]
+        self.sent_rows = rows.shape[0]
         lap("dispatch")
         outputs = self._experts(arrived, received)
         lap("experts")

@@ -47,8 +47,8 @@ class BenchConfig:
     """Untimed iterations per cell."""
     iters: int = 10
     """Timed iterations per cell."""
-    dtype: str = "f32"
-    """f32 (quantized, averaged or summed) or i32 (exact sums; averages truncated toward zero)."""
+    dtype: str = "fp32"
+    """fp32 (quantized, averaged or summed) or int32 (exact sums; averages truncated toward zero)."""
     op: str = "avg"
     """avg or sum."""
     k: int | None = None
@@ -74,9 +74,9 @@ class BenchConfig:
         if any(size < 4 or size % 4 for size in self.sizes_bytes):
             raise UsageError("--sizes must be multiples of 4 bytes (float32/int32 elements)")
         if any(mode not in CALL_MODES for mode in self.modes):
-            raise UsageError(f"--mode must be {' or '.join(CALL_MODES)}")
-        if self.dtype not in ("f32", "i32") or self.op not in ("avg", "sum"):
-            raise UsageError("--dtype f32|i32 and --op avg|sum")
+            raise UsageError(f"--call-mode must be {' or '.join(CALL_MODES)}")
+        if self.dtype not in ("fp32", "int32") or self.op not in ("avg", "sum"):
+            raise UsageError("--dtype fp32|int32 and --op avg|sum")
         if self.k is not None and not 1 <= self.k <= self.world:
             raise UsageError(f"-k must be 1..world ({self.world})")
         if self.batch < 1 or self.iters < 1 or self.warmup < 0:
@@ -223,9 +223,9 @@ def _row(config: BenchConfig, size: int, mode: str, ops: int, gathered: list[Any
         median = float(np.median(slowest))
         row[f"{impl}_latency_ms_median"] = median * 1e3 / ops
         row[f"{impl}_latency_ms_p90"] = float(np.percentile(slowest, 90)) * 1e3 / ops
-        row[f"{impl}_algbw_Gbps"] = size * 8 * ops / median / 1e9
-    if "gloo_algbw_Gbps" in row:
-        row["innet_vs_gloo_speedup"] = row["innet_algbw_Gbps"] / row["gloo_algbw_Gbps"]
+        row[f"{impl}_algbw_GBps"] = size * ops / median / 1e9
+    if "gloo_algbw_GBps" in row:
+        row["innet_vs_gloo_speedup"] = row["innet_algbw_GBps"] / row["gloo_algbw_GBps"]
     for name in COUNTER_COLUMNS:
         row[name] = after.get(name, 0) - before.get(name, 0)
     checks = CheckResult()

@@ -17,9 +17,9 @@ from stepscope.innet.wire.quantize import block_exponents, error_bound
 
 
 def reference_input(seed: int, rank: int, numel: int, dtype: str, op_index: int = 0) -> np.ndarray:
-    """Rank `rank`'s deterministic input of the `op_index`-th op (float32 normal, or int32 in +-2**20)."""
+    """Rank `rank`'s deterministic input of the `op_index`-th op (`dtype` fp32: normal; int32: in +-2**20)."""
     rng = np.random.default_rng([seed, rank, numel, op_index])
-    if dtype == "i32":
+    if dtype == "int32":
         return rng.integers(-(2**20), 2**20, numel, dtype=np.int32)
     return rng.standard_normal(numel).astype(np.float32)
 

@@ -108,6 +108,6 @@ def _switch_for(switch: str | None, out: str | os.PathLike | None, job_MiB: int 
     if switch:
         yield switch
         return
-    extra = (*(("--max-job-mib", str(job_MiB)) if job_MiB else ()), "--shards", str(shards))
+    extra = (*(("--max-job-MiB", str(job_MiB)) if job_MiB else ()), "--shards", str(shards))
     with SwitchProcess(extra_args=extra, out_dir=None if out is None else str(out)) as process:
         yield process.address

@@ -1,5 +1,5 @@
 """`stepscope innet switch-bench`: the switch alone, driven by a packet generator (`generator.Generator`) at a
-given packet size and rate, without workers in the way: packets per second in and out and Gb/s it sustains.
+given packet size and rate, without workers in the way: packets per second in and out and GB/s it sustains.
 
 The switch is a real `stepscope innet switch` process (`--shards` of them: one port and process each), pinned to
 its own cores (shard i on core i); the generator runs here, on the cores left (all of them when none is left).
@@ -7,7 +7,7 @@ Every point runs `repeats` times, the points interleaved (A B A B ...), and its 
 
     in/out_pps        datagrams the switch received / sent per second of the point (its own counters)
     total_pps         in + out: the switch's aggregated packet rate
-    total_Gbps        (in + out) x datagram bytes (32-byte header + payload; no UDP/IP framing) x 8 per second
+    total_GBps        (in + out) x datagram bytes (32-byte header + payload; no UDP/IP framing) per second
     switch_cores      CPU time of the switch process(es) per second of the point (at most the shards)
     total_pps_per_core  total_pps / switch_cores: the rate one fully busy core sustains
 
@@ -164,7 +164,7 @@ def _measure(config: SwitchBenchConfig, point: dict[str, Any], address: str, cor
     cpu_s = (end["cpu_us"] - start["cpu_us"]) * 1e-6 if "cpu_us" in end else None  # older switches: not said
     return {"in_packets": rx, "out_packets": tx, "sent": counts.sent, "results": counts.results,
             "seconds": seconds, "in_pps": rx / seconds, "out_pps": tx / seconds, "total_pps": (rx + tx) / seconds,
-            "total_Gbps": (rx + tx) * datagram * 8 / seconds / 1e9, "switch_cpu_s": cpu_s,
+            "total_GBps": (rx + tx) * datagram / seconds / 1e9, "switch_cpu_s": cpu_s,
             "switch_cores": cpu_s / seconds if cpu_s is not None else None,
             "total_pps_per_core": (rx + tx) / cpu_s if cpu_s else None,
             "tx_dropped": end["tx_dropped"] - start["tx_dropped"], "bad": end["bad"] - start["bad"],

@@ -100,7 +100,7 @@ def profile_rank(ctx: Any, config: ProfileConfig, out: str | os.PathLike | None)
     from stepscope.measure.environment import torch_environment
 
     numel = config.size_bytes // 4
-    source = reference_input(config.seed, ctx.rank, numel, "f32")
+    source = reference_input(config.seed, ctx.rank, numel, "fp32")
     buffers = [np.empty_like(source) for _ in range(config.ops)]
     store = RecordStore(out, "innet-timeout-profile") if out is not None and ctx.rank == 0 else None
     env = torch_environment("cpu", ctx.world_size) if ctx.rank == 0 else {}
@@ -138,7 +138,7 @@ def profile_rank(ctx: Any, config: ProfileConfig, out: str | os.PathLike | None)
                 row = {"sto_ms": sto, "sto_ticks": sto_ticks_from_ms(sto), "rto_ms": rto, "workload": workload,
                        "ok": counters["ok"], "to": counters["to"], "re": counters["re"], "dup": counters["dup"],
                        "old": counters["old"], "seconds": max(times),
-                       "algbw_Gbps": config.size_bytes * count * 8 / max(times) / 1e9}
+                       "algbw_GBps": config.size_bytes * count / max(times) / 1e9}
                 rows.append(row)
                 if store is not None:
                     store.append(make_record("innet-timeout-profile", {**config.to_dict(), "sto_ms": sto,
@@ -180,5 +180,5 @@ def throughput_table(rows: Iterable[dict[str, Any]], workload: str = "waited") -
         if row["workload"] != workload:
             continue
         line = table.setdefault(row["sto_ms"], {"STO ms (ticks)": f"{row['sto_ms']:g} ({row['sto_ticks']})"})
-        line[f"RTO {row['rto_ms']:g} ms Gb/s"] = row["algbw_Gbps"]
+        line[f"RTO {row['rto_ms']:g} ms GB/s"] = row["algbw_GBps"]
     return list(table.values())

@@ -57,7 +57,7 @@ class TrainConfig:
     """Also run the gloo baseline."""
     ddp: str = "torch"
     """torch (torch.nn.parallel.DistributedDataParallel) or bucketed (stepscope's DDPBucketed)."""
-    bucket_mb: float = 25.0
+    bucket_MiB: float = 25.0
     """Gradient bucket cap (MiB)."""
     lr: float = 1e-3
     """SGD learning rate."""
@@ -182,10 +182,10 @@ def _wrap(model: Any, config: TrainConfig) -> Any:
     if config.ddp == "bucketed":
         from stepscope.distributed.data_parallel import DDPBucketed
 
-        return DDPBucketed(model, bucket_size_mb=config.bucket_mb, rule="torch")
+        return DDPBucketed(model, bucket_size_mb=config.bucket_MiB, rule="torch")
     from stepscope.distributed.data_parallel.torch_ddp import torch_ddp
 
-    return torch_ddp(model, config.bucket_mb)  # no buffer sync in forward: fast ranks never wait for the straggler
+    return torch_ddp(model, config.bucket_MiB)  # no buffer sync in forward: fast ranks never wait for the straggler
 
 
 def _parameter_hash(model: Any) -> str:
@@ -253,7 +253,7 @@ def run_train(config: TrainConfig, out: str | os.PathLike | None = None, *,
     job = replace(config.job, history=min(max(config.job.history, blocks_per_step), MAX_HISTORY),
                   stash_limit_bytes=max(config.job.stash_limit_bytes, 3 * 4 * config.model.param_count()))
     # the switch keeps that history: a switch started for the run allows the job what it needs (one named by
-    # --switch needs --max-job-mib that large; it refuses the job otherwise)
+    # --switch needs --max-job-MiB that large; it refuses the job otherwise)
     need_MiB = -(-SwitchJob.memory_bytes(config.world, job.join_params()) // 2**20)
     results = run_ranks(train_rank, replace(config, job=job), None if store is None else str(out), settings,
                         out=out, switch=switch, timeout_s=300,

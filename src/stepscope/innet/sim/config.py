@@ -24,8 +24,8 @@ class SimConfig:
 
     workers: int = 6
     """Workers n (2-1024)."""
-    link_gbps: float = 100.0
-    """Every worker's link rate B (10-400 Gb/s), both directions."""
+    link_Gbps: float = 100.0
+    """Every worker's link line rate B in gigabits per second (10-400), both directions."""
     pipes: int = 4
     """Switch pipelines: k = 64 x pipes values per packet."""
     values_per_packet: int | None = None
@@ -78,11 +78,11 @@ class SimConfig:
     """fixed or exp (exponential with mean straggler_ms)."""
     straggler_steps: tuple[int, int] | None = None
     """Inclusive range of ops (0-based, in issue order) where stragglers may straggle; None = every op."""
-    switch_mpps: float | None = None
+    switch_Mpps: float | None = None
     """Packets (in + out) per second, in millions, the switch handles; None: line rate (a Tofino). Every
     contribution costs the switch its own receive and its share of the multicast (as many results go out as
     contributions came in). EMULATOR_SWITCH_MPPS: `stepscope innet switch` measured on this project's machine."""
-    worker_mpps: float | None = None
+    worker_Mpps: float | None = None
     """Packets (sent + received) per second, in millions, a worker's host handles; None: line rate.
     EMULATOR_WORKER_MPPS: the emulator's worker measured on this project's machine."""
     seed: int = 0
@@ -103,8 +103,8 @@ class SimConfig:
             (all(math.isfinite(t) for t in times), "times must be finite numbers"),
             (not 0 <= self.sto_ms < math.inf or sto_ticks_from_ms(self.sto_ms) < 2**31,
              "--sto-ms beyond what the switch's timer holds (2^31 ticks)"),
-            (2 <= self.workers <= 1024, "--workers must be 2..1024"),
-            (10 <= self.link_gbps <= 400, "--link-gbps must be 10..400"),
+            (2 <= self.workers <= 1024, "--world must be 2..1024"),
+            (10 <= self.link_Gbps <= 400, "--link-Gbps must be 10..400"),
             (1 <= self.pipes <= 4, "--pipes must be 1..4"),
             (1 <= self.values <= 16368, "--values-per-packet must be 1..16368"),
             (1 <= self.slots <= 65535 and (self.window is None or 1 <= self.window <= self.slots),
@@ -122,8 +122,8 @@ class SimConfig:
             (self.straggler_dist in ("fixed", "exp"), "--straggler dist must be fixed or exp"),
             (self.straggler_steps is None or 0 <= self.straggler_steps[0] <= self.straggler_steps[1],
              "--straggler steps must be N or A-B with 0 <= A <= B"),
-            (all(rate is None or 0 < rate < math.inf for rate in (self.switch_mpps, self.worker_mpps)),
-             "--switch-mpps and --worker-mpps must be positive"),
+            (all(rate is None or 0 < rate < math.inf for rate in (self.switch_Mpps, self.worker_Mpps)),
+             "--switch-Mpps and --worker-Mpps must be positive"),
         ]
         for ok, message in checks:
             if not ok:

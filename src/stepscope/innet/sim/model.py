@@ -9,7 +9,7 @@ exponent) lies at least L packets back, so a whole segment (n workers x L packet
 with numpy: ready times, NIC serialization (a running max), arrivals, completion per block (sorted
 arrivals: first, K-th, last vs the timer), multicast delivery, retransmission and duplicate counts.
 
-With `switch_mpps` / `worker_mpps` (a software switch or host: measured packet rates) the switch processes the
+With `switch_Mpps` / `worker_Mpps` (a software switch or host: measured packet rates) the switch processes the
 contributions one at a time in arrival order, each costing its receive and its share of the results sent, and a
 worker's host spends its per-packet time before the wire (the slower of the two paces it).
 
@@ -41,8 +41,9 @@ def ideal_bounds(config: SimConfig) -> dict[str, float]:
     payload = 4 * config.values
     efficiency = payload / (payload + HEADER_BYTES + WIRE_OVERHEAD_BYTES)
     n = config.workers
-    return {"ideal_innet_algbw_Gbps": config.link_gbps * efficiency,
-            "ideal_ring_algbw_Gbps": config.link_gbps * n / (2 * (n - 1)),
+    line_GBps = config.link_Gbps / 8  # a link's line rate is sold in bits per second
+    return {"ideal_innet_algbw_GBps": line_GBps * efficiency,
+            "ideal_ring_algbw_GBps": line_GBps * n / (2 * (n - 1)),
             "payload_efficiency": efficiency}
 
 
@@ -60,7 +61,7 @@ def simulate(config: SimConfig) -> dict[str, Any]:
         "blocks": model.blocks_total,
         "sim_s": model.end_time,
         "op_ms_mean": float(np.mean(model.op_times)) * 1e3,  # per op, from each worker's own issue
-        "algbw_Gbps": total_bytes * 8 / model.end_time / 1e9 if model.end_time > 0 else float("inf"),
+        "algbw_GBps": total_bytes / model.end_time / 1e9 if model.end_time > 0 else float("inf"),
         "sim_packets": model.packets,
         "wall_s": wall,
         "sim_packets_per_s": model.packets / wall if wall > 0 else float("inf"),
@@ -97,7 +98,7 @@ class _Model:
         self.window = c.window or c.slots
         self.sto_ticks = sto_ticks_from_ms(c.sto_ms)
         self.sto_s = self.sto_ticks * TICK_S
-        self.byte_s = 8 / (c.link_gbps * 1e9)
+        self.byte_s = 8 / (c.link_Gbps * 1e9)
         self.one_way_s = c.rtt_us * 1e-6 / 2
         self.jitter_s = c.jitter_us * 1e-6
         # cumulative waits before the j-th transmission: 0, rto, rto + 2 rto, ... (capped per step)
@@ -108,8 +109,8 @@ class _Model:
         self.down_free = np.zeros(self.n)
         self.switch_free = np.zeros(1)  # the switch's packet processor (with a finite packet rate)
         # seconds of host or switch time per packet (0: line rate); a packet in brings a result out: twice
-        self.worker_s = 2e-6 / c.worker_mpps if c.worker_mpps else 0.0
-        self.switch_s = 2e-6 / c.switch_mpps if c.switch_mpps else 0.0
+        self.worker_s = 2e-6 / c.worker_Mpps if c.worker_Mpps else 0.0
+        self.switch_s = 2e-6 / c.switch_Mpps if c.switch_Mpps else 0.0
         self.counters = {name: 0 for name in ("ok", "to", "kr", "re", "dup", "old")}
         self.stream = 0
         self.packets = 0

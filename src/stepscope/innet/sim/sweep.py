@@ -19,7 +19,7 @@ from stepscope.results.environment import base_environment
 from stepscope.results.store import RecordStore
 from stepscope.results.sweep import Sweep
 
-SETTINGS = ("workers", "link_gbps", "pipes", "slots", "workload", "sto_ms", "rto_ms", "loss", "op_bytes")
+SETTINGS = ("workers", "link_Gbps", "pipes", "slots", "workload", "sto_ms", "rto_ms", "loss", "op_bytes")
 """The settings a row shows beside the results (and `k`, the fastest-K in effect)."""
 
 

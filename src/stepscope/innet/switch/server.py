@@ -103,9 +103,6 @@ class Switch:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def request_stop(self) -> None:
-        self._stop.set()
-
     def serve_forever(self, stop: threading.Event | None = None) -> None:
         stop = stop or self._stop
         next_timer_check = 0.0

@@ -89,18 +89,6 @@ REJECT_REASONS = {1: "malformed join", 2: "job exists with different parameters"
 
 # Switch counters, in wire order (STATS_REPLY) and table order.
 COUNTERS = ("ok", "to", "kr", "re", "dup", "old", "bad", "sy", "rx", "tx")
-COUNTER_HELP = {
-    "ok": "blocks completed with every worker's contribution",
-    "to": "blocks completed by the straggler timeout (>= K, < world contributions)",
-    "kr": "blocks completed preemptively at K contributions",
-    "re": "packets the workers flagged as retransmissions",
-    "dup": "contributions ignored because that rank had already contributed (result re-sent if complete)",
-    "old": "contributions that came after their block completed without them (late or straggling)",
-    "bad": "packets dropped as malformed, foreign (unknown job, rank, address) or inconsistent",
-    "sy": "sync polls (JOIN waiting for all ranks)",
-    "rx": "packets received for the job",
-    "tx": "packets sent for the job (a multicast counts once per receiver)",
-}
 
 
 class ProtocolError(ValueError):

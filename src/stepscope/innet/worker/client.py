@@ -69,7 +69,6 @@ class InnetJob:
         self.next_op = 1
         self._in_flight: list[Op] = []  # submitted ops not finished yet (for the overlap check)
         self._refused: str | None = None  # why an op was refused on this rank: the job cannot go on
-        self.members_joined = 0
         self._lock = threading.Lock()
 
     # ---- membership ---------------------------------------------------------------------------
@@ -90,7 +89,7 @@ class InnetJob:
                     raise InnetError(f"cannot reach the innet switch at {cfg.switch}: "
                                      f"{error.strerror or error}") from None
                 sock.setblocking(False)
-                self.members_joined = self._handshake(sock, wait_all)
+                self._handshake(sock, wait_all)
         except BaseException:
             for sock in socks:
                 sock.close()
@@ -153,11 +152,11 @@ class InnetJob:
             if h.flags & p.BAD:
                 code = int(values[0]) if len(values) else 0
                 reason = p.REJECT_REASONS.get(code, "rejected")
-                if code == 4:  # say how much: the switch's limit is its --max-job-mib
+                if code == 4:  # say how much: the switch's limit is its --max-job-MiB
                     from stepscope.innet.switch.job import SwitchJob
 
                     need = -(-SwitchJob.memory_bytes(self.config.world, self.config.join_params()) // 2**20)
-                    reason += f" (this job needs {need:,} MiB: start the switch with --max-job-mib {need} or more)"
+                    reason += f" (this job needs {need:,} MiB: start the switch with --max-job-MiB {need} or more)"
                 raise InnetError(f"the switch rejected job {self.config.job_id}: {reason}")
             return int(values[4]) if len(values) > 4 else 0
 

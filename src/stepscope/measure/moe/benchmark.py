@@ -79,13 +79,13 @@ class MoEDenseResult:
         return rows
 
     def rates(self) -> dict[str, dict[str, float]]:
-        """Per model: tokens/s and activated GFLOP/s of its median step (FLOPs as `step` counts them)."""
+        """Per model: tokens/s and activated TFLOP/s of its median step (FLOPs as `step` counts them)."""
         workload = self.config.step.workload
         out = {}
         for label, spec in zip(STEPS, (self.config.step.model, self.config.dense), strict=True):
             step = statistics.median(self.seconds(label))
             flops = workload.tokens * spec.forward_flops_per_token(workload.seq) * (1 if workload.mode == "fwd" else 3)
-            out[label] = {"tokens_per_s": workload.tokens / step, "activated_GFLOPps": flops / step / 1e9}
+            out[label] = {"tokens_per_s": workload.tokens / step, "activated_TFLOPps": flops / step / 1e12}
         return out
 
     def block_rows(self) -> list[dict[str, Any]]:
@@ -117,9 +117,9 @@ class MoEDenseResult:
         return [steps, block]
 
     def rates_line(self) -> str:
-        """tokens/s and activated GFLOP/s of both steps."""
-        return "; ".join(f"{label}: {rate['tokens_per_s']:,.0f} tokens/s, {rate['activated_GFLOPps']:.1f} activated "
-                         "GFLOP/s" for label, rate in self.rates().items())
+        """tokens/s and activated TFLOP/s of both steps."""
+        return "; ".join(f"{label}: {rate['tokens_per_s']:,.0f} tokens/s, {rate['activated_TFLOPps']:.3g} activated "
+                         "TFLOP/s" for label, rate in self.rates().items())
 
     def verdict(self) -> str:
         flops = self.config.flops_ratio
@@ -143,7 +143,7 @@ class MoEDenseResult:
         for label, rate in self.rates().items():
             prefix = label.replace(" ", "_")
             metrics.update({f"{prefix}_tokens_per_s": rate["tokens_per_s"],
-                            f"{prefix}_activated_GFLOPps": rate["activated_GFLOPps"]})
+                            f"{prefix}_activated_TFLOPps": rate["activated_TFLOPps"]})
         metrics["block_forward_vs_reference_median"] = self.ratio("moe block", "reference block", "forward").median
         metrics["block_vs_dense_mlp_median"] = self.ratio("moe block", "dense mlp").median
         block = statistics.median(self.seconds("moe block"))

@@ -97,8 +97,8 @@ def attention_pieces_table(events: Sequence[Any], ranges: Sequence[PhaseRange], 
         flops, bytes_moved, seconds = flops / steps, bytes_moved / steps, seconds / steps
         rows.append({"piece": piece, "calls_per_step": len(calls) / steps, "time_ms": 1e3 * seconds,
                      "flops": flops, "bytes": bytes_moved,
-                     "GFLOPps": flops / seconds / 1e9 if seconds else None,
+                     "TFLOPps": flops / seconds / 1e12 if seconds else None,
                      "GBps": bytes_moved / seconds / 1e9 if seconds else None,
-                     "flop_per_byte": flops / bytes_moved if bytes_moved else None})
+                     "FLOP_per_byte": flops / bytes_moved if bytes_moved else None})
     title = "naive attention pieces: forward, all layers, per step (softmax < 1 FLOP/byte: memory-bound)"
     return Table("profile-attention", title, ("piece",), rows)

@@ -34,7 +34,7 @@ from stepscope.measure.training import TrainingStep, transformer_step
 from stepscope.results.sweep import Sweep, SweepOutcome
 
 PHASE_COLUMNS = ("phase", "median_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "p10_ms", "p90_ms", "tokens_per_s",
-                 "GFLOPps", "mfu_pct", "gemm_fraction")
+                 "TFLOPps", "mfu_pct", "gemm_fraction")
 """Columns of `StepResult.rows()`: mfu_pct only with a known GPU peak, gemm_fraction only on CPUs."""
 
 
@@ -59,7 +59,7 @@ class StepResult:
         return {phase: flops[phase] for phase in self.phases}
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per phase: time statistics (ms), tokens/s, GFLOP/s, MFU or fraction of GEMM rate."""
+        """One row per phase: time statistics (ms), tokens/s, TFLOP/s, MFU or fraction of GEMM rate."""
         rows = []
         tokens = self.config.workload.tokens
         for phase, flops in self.phase_flops().items():
@@ -69,7 +69,7 @@ class StepResult:
                                    "std_ms": stats.std, "min_ms": stats.min, "max_ms": stats.max,
                                    "p10_ms": stats.p10, "p90_ms": stats.p90,
                                    "tokens_per_s": tokens / self.phases[phase].median if phase == "step" else None,
-                                   "GFLOPps": achieved / 1e9 if achieved else None}
+                                   "TFLOPps": achieved / 1e12 if achieved else None}
             if self.peak_flops_per_s:
                 row["mfu_pct"] = 100.0 * achieved / self.peak_flops_per_s if achieved else None
             if self.gemm_flops_per_s:
@@ -83,8 +83,8 @@ class StepResult:
             metrics.update(stats.metrics(phase))
         for row in self.rows():
             phase = row["phase"]
-            if row["GFLOPps"] is not None:
-                metrics[f"{phase}_GFLOPps"] = row["GFLOPps"]
+            if row["TFLOPps"] is not None:
+                metrics[f"{phase}_TFLOPps"] = row["TFLOPps"]
             if row.get("mfu_pct") is not None:
                 metrics[f"{phase}_mfu_pct"] = row["mfu_pct"]
             if row.get("gemm_fraction") is not None:
@@ -96,9 +96,9 @@ class StepResult:
         if self.compile_s is not None:
             metrics["compile_s"] = self.compile_s
         if self.gemm_flops_per_s:
-            metrics["gemm_GFLOPps"] = self.gemm_flops_per_s / 1e9
+            metrics["gemm_TFLOPps"] = self.gemm_flops_per_s / 1e12
         if self.peak_flops_per_s:
-            metrics["peak_GFLOPps"] = self.peak_flops_per_s / 1e9
+            metrics["peak_TFLOPps"] = self.peak_flops_per_s / 1e12
         return metrics
 
 

@@ -1,7 +1,7 @@
 """Fit a system to stepscope's own measurements and return it as a SystemSpec (written out as TOML).
 
 From step records (forward / backward / optimizer medians of single-process steps):
-- the matrix peak per precision is the host's measured large-GEMM rate (`gemm_GFLOPps` in the records);
+- the matrix peak per precision is the host's measured large-GEMM rate (`gemm_TFLOPps` in the records);
 - the efficiency curve (1/η at each knot, non-increasing with op size, η ≤ `max_efficiency`, default
   `MAX_EFFICIENCY` = 1: no op runs faster than the measured large-GEMM rate), the per-kernel overhead, the
   streaming bandwidth and the elementwise rate are fitted together by non-negative least squares on the
@@ -47,7 +47,7 @@ PRIOR_WEIGHT = 0.01
 # the rest shows as fit error; --max-efficiency allows a margin, up to MAX_EFFICIENCY_LIMIT.
 MAX_EFFICIENCY = 1.0
 MAX_EFFICIENCY_LIMIT = 1.1
-SCALAR_NAMES = {"vector": "vector_GFLOPps", "bytes": "bandwidth_GBps", "kernel": "kernel_overhead_us"}
+SCALAR_NAMES = {"vector": "vector_TFLOPps", "bytes": "bandwidth_GBps", "kernel": "kernel_overhead_us"}
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def calibrate(records: RecordSet, base: SystemSpec, *, knots: Sequence[float] = 
     peaks.update({p: median(v) for p, v in measured_peaks.items()})
     for point in points:
         if point.workload.precision not in peaks:
-            raise UsageError(f"no matrix peak for {point.workload.precision}: the records lack gemm_GFLOPps and "
+            raise UsageError(f"no matrix peak for {point.workload.precision}: the records lack gemm_TFLOPps and "
                              f"the base system {base.name} has no {point.workload.precision} entry")
     rows: list[tuple[Terms, str]] = []
     targets = []
@@ -152,9 +152,9 @@ def calibrate(records: RecordSet, base: SystemSpec, *, knots: Sequence[float] = 
                                     f"{', '.join(hosts)} ({len(y)} phases)")
     inverse, x_vector, x_bytes, x_kernel = theta[:k], theta[k], theta[k + 1], theta[k + 2]
     parameters = {**{f"efficiency_at_{g:g}_GFLOP": float(1.0 / inv) for g, inv in zip(knots, inverse, strict=True)},
-                  "vector_GFLOPps": float(1.0 / x_vector / 1e9), "bandwidth_GBps": float(1.0 / x_bytes / 1e9),
+                  "vector_TFLOPps": float(1.0 / x_vector / 1e12), "bandwidth_GBps": float(1.0 / x_bytes / 1e9),
                   "kernel_overhead_us": float(x_kernel * 1e6), "flash_efficiency": flash,
-                  **{f"matrix_peak_{p}_GFLOPps": v / 1e9 for p, v in sorted(peaks.items()) if p in measured_peaks}}
+                  **{f"matrix_peak_{p}_TFLOPps": v / 1e12 for p, v in sorted(peaks.items()) if p in measured_peaks}}
     sources = _sources(knots, free_knots, theta, floor, fixed, prior, base.name, flash != acc.flash_efficiency,
                        measured_peaks)
     notes.extend(_identification_notes(sources, knots, free_knots, len(y), max_efficiency))
@@ -207,7 +207,7 @@ def _sources(knots: Sequence[float], free: list[int], theta: np.ndarray, floor: 
     out["flash_efficiency"] = ("fitted to attention records" if flash_fitted
                                else f"not constrained: kept from {base} (no attention records)")
     for p in sorted(measured_peaks):
-        out[f"matrix_peak_{p}_GFLOPps"] = "measured (gemm_GFLOPps)"
+        out[f"matrix_peak_{p}_TFLOPps"] = "measured (gemm_TFLOPps)"
     return out
 
 

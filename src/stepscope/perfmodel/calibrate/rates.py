@@ -1,8 +1,9 @@
 """A system fitted to measured op rates: the GPU's matrix, fused-attention and fp8 rates at the shapes a model runs.
 
-`python -m stepscope.measure.op_rates --out FILE` times a model's own GEMMs (every pass), its causal attention per
-SDPA backend and its fp8 GEMMs on a GPU held at its power limit (`measure/op_rates.py`). From one or more such
-files this derives, by one rule fixed before any prediction is made with it:
+`stepscope op-rates` times a model's own GEMMs (every pass), its causal attention per SDPA backend and its fp8
+GEMMs on a GPU held at its power limit (`measure/op_rates/`), one `op-rates` record each. From such records (or
+the JSON files of its first version, docs/measurements/) this derives, by one rule fixed before any prediction is
+made with it:
 - each `dense` GEMM's fraction of the peak, over its tile and wave quantization (`model/rates.tiling`), is
   η∞·K/(K + K0) (`model/rates.py`): a least-squares line through 1/η against 1/K gives η∞ (1/intercept) and K0
   (slope/intercept), per precision; rows that span one K only give the median and keep the base's K0;
@@ -35,6 +36,7 @@ from stepscope.errors import UsageError
 from stepscope.perfmodel.model.rates import tiling
 from stepscope.perfmodel.runs import RunRecords
 from stepscope.results.files import check_writable_file
+from stepscope.results.store import read_records
 from stepscope.spec.system import SystemSpec, list_systems, load_system, system_to_toml
 
 ATTENTION_BACKEND = "cudnn"
@@ -46,7 +48,7 @@ class RatesCalibrationConfig:
     """Which op-rate files to read, the system they refine, and where the result goes."""
 
     rates: tuple[str, ...] = ()
-    """JSON files written by `python -m stepscope.measure.op_rates --out`."""
+    """`op-rates` records (folders or .jsonl files of `stepscope op-rates`), or JSON files of its first version."""
     base: str = "H100-SXM"
     """System preset or TOML the measured rates refine (its peaks, memory and network stay)."""
     system_out: str = "calibrated.toml"
@@ -67,25 +69,36 @@ class RatesCalibration:
 
 
 def read_rates(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
-    """Every row of the op-rate files (UsageError on a missing or malformed file)."""
+    """Every measured row of the op-rates records (`stepscope op-rates`: a folder or its .jsonl file) or of the
+    JSON files of its first version (`{"device", "rows": [...]}`, docs/measurements/); UsageError on a missing or
+    malformed input."""
     rows: list[dict[str, Any]] = []
     for path in paths:
-        not_rates = UsageError(f"{path} is not an op-rates file (python -m stepscope.measure.op_rates --out)")
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-            found = [dict(row) for row in data["rows"]]
-        except OSError as error:
-            raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
-        except (ValueError, KeyError, TypeError):
-            raise not_rates from None
+        not_rates = UsageError(f"{path} is not an op-rates file (the records of `stepscope op-rates`)")
+        found = _op_rates_records(path) if Path(path).is_dir() or Path(path).suffix == ".jsonl" else None
+        if found is None:
+            try:
+                data = json.loads(Path(path).read_text(encoding="utf-8"))
+                found = [{"device": data.get("device", ""), **row} for row in data["rows"]]
+            except OSError as error:
+                raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
+            except (ValueError, KeyError, TypeError, AttributeError):
+                raise not_rates from None
         for row in found:  # what the rule reads, as op_rates writes it
             numbers = [row.get("measured_TFLOPps"), row.get("flops")]
             if not (isinstance(row.get("family"), str) and isinstance(row.get("variant"), str)
                     and all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in numbers)):
                 raise not_rates
-            row.setdefault("device", data.get("device", ""))
+        if not found:
+            raise not_rates
         rows += found
     return rows
+
+
+def _op_rates_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The measured rows of the `op-rates` records in `path`: config and metrics, and the device they ran on."""
+    return [{"device": r["env"].get("device_name", ""), **r["config"], **r["metrics"]}
+            for r in read_records(path) if r["kind"] == "op-rates" and r["status"] == "ok"]
 
 
 def _k_law(rows: Sequence[dict[str, Any]], acc: Any) -> tuple[float, float | None, str]:
@@ -162,11 +175,11 @@ def fitted_rates(rows: Sequence[dict[str, Any]], base: SystemSpec) -> tuple[Syst
 def run_calibrate_rates(config: RatesCalibrationConfig, out: str | os.PathLike | None = None) -> RatesCalibration:
     """Fit `config.base` to the op-rate files, write the system TOML and append one `calibrate-rates` record."""
     if not config.rates:
-        raise UsageError("--rates needs at least one op-rates JSON file")
+        raise UsageError("--rates needs at least one op-rates records folder or file")
     base = load_system(config.base)
+    system, rows = fitted_rates(read_rates(config.rates), base)  # inputs first: a bad file creates no output
     target = check_writable_file(config.system_out, "the system")
     records = RunRecords(out, "calibrate-rates")
-    system, rows = fitted_rates(read_rates(config.rates), base)
     if config.name:
         system = dataclasses.replace(system, name=config.name)
     header = f"stepscope calibrate --rates {' '.join(map(str, config.rates))} --base {config.base}"

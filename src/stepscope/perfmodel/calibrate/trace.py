@@ -102,9 +102,9 @@ def fit_shapes(records: list[dict[str, Any]], base: SystemSpec, fit: TraceFit) -
         weight = np.zeros(len(knots))
         for r in gemm:
             m = r["metrics"]
-            w = harmonic_weights(m["gflop"] / max(m["kernels"], 1), knots)
+            w = harmonic_weights(m["GFLOP"] / max(m["kernels"], 1), knots)
             time += w * m["time_ms"] / 1e3
-            ideal += w * m["gflop"] * 1e9 / acc.matrix_peak(r["config"]["precision"])
+            ideal += w * m["GFLOP"] * 1e9 / acc.matrix_peak(r["config"]["precision"])
             weight = np.maximum(weight, w)
         fitted = [i for i in range(len(knots)) if weight[i] >= 0.5]
         if not fitted:  # every op between two knots: the nearer one
@@ -120,16 +120,17 @@ def fit_shapes(records: list[dict[str, Any]], base: SystemSpec, fit: TraceFit) -
     attention = [r for r in rows if r["config"].get("family") == "attention"
                  and r["config"]["precision"] in acc.matrix_TFLOPps]
     if attention:
-        flops = sum(r["metrics"]["gflop"] * 1e9 for r in attention)
+        flops = sum(r["metrics"]["GFLOP"] * 1e9 for r in attention)
         curve_time = sum(r["metrics"]["time_ms"] / 1e3 * acc.matrix_peak(r["config"]["precision"])
-                         * acc.efficiency(r["metrics"]["gflop"] * 1e9 / max(r["metrics"]["kernels"], 1))
+                         * acc.efficiency(r["metrics"]["GFLOP"] * 1e9 / max(r["metrics"]["kernels"], 1))
                          for r in attention)
         acc = dataclasses.replace(acc, flash_efficiency=flops / curve_time)
         fit.add("flash_efficiency", base.accelerator.flash_efficiency, acc.flash_efficiency,
                 f"{len(attention)} attention rows, FLOP-weighted against the fitted curve")
     streaming = [r for r in rows if r["config"].get("family") in ("elementwise", "normalization", "softmax")]
     if streaming:
-        rate = sum(r["metrics"]["gbyte"] for r in streaming) / sum(r["metrics"]["time_ms"] / 1e3 for r in streaming)
+        rate = (sum(r["metrics"]["bytes"] / 1e9 for r in streaming)
+                / sum(r["metrics"]["time_ms"] / 1e3 for r in streaming))
         acc = dataclasses.replace(acc, memory_efficiency=min(1.0, rate / acc.hbm_GBps))
         fit.add("memory_efficiency", base.accelerator.memory_efficiency, acc.memory_efficiency,
                 f"{rate:.0f} GB/s over {len(streaming)} elementwise/normalization/softmax rows, of hbm_GBps "

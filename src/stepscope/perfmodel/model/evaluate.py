@@ -184,7 +184,7 @@ class Prediction:
         """Record metrics, units in the names."""
         out: dict[str, Any] = {"step_s": self.step_s, "tokens_per_s": self.tokens_per_s, "mfu_pct": self.mfu_pct,
                                "hfu_pct": self.hfu_pct, "micro_batches": self.micro_batches,
-                               "tflops_per_gpu": self.model_flops / self.step_s / self.plan.gpus / 1e12,
+                               "TFLOPps_per_gpu": self.model_flops / self.step_s / self.plan.gpus / 1e12,
                                "feasible": self.memory.feasible}
         out.update({f"{phase}_ms": 1e3 * s for phase, s in self.phases.items()})
         out.update({f"{cause}_s": s for cause, s in self.breakdown.items()})

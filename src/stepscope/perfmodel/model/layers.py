@@ -28,7 +28,7 @@ from stepscope.spec.stack import load_stack
 from stepscope.spec.system import SystemSpec
 
 COLUMNS = ["layer", "flops_fwd_GFLOP", "act_mem_MiB", "wt_mem_MiB", "total_mem_fwd_MiB", "flops_bwd_GFLOP",
-           "comm_fwd", "comm_bwd", "t_comp_ms", "t_mem_ms", "t_comm_ms", "intensity_FLOP_per_B", "t_total_ms",
+           "comm_fwd", "comm_bwd", "t_comp_ms", "t_mem_ms", "t_comm_ms", "intensity_FLOP_per_byte", "t_total_ms",
            "comm_fraction"]
 _SHORT = {"all-reduce": "AR", "reduce-scatter": "RS", "all-gather": "AG", "all-to-all": "A2A", "dispatch": "DSP",
           "p2p": "P2P"}
@@ -62,12 +62,12 @@ def per_layer_rows(spec: ModelSpec, workload: Workload, plan: ParallelPlan, syst
     for block in ("attention", "moe" if moe_ops else "mlp", None):
         members = [r for r in op_rows if block is None or r["_block"] == block]
         total = {c: sum(r[c] for r in members) * layers for c in COLUMNS
-                 if c not in ("layer", "comm_fwd", "comm_bwd", "intensity_FLOP_per_B", "comm_fraction")}
+                 if c not in ("layer", "comm_fwd", "comm_bwd", "intensity_FLOP_per_byte", "comm_fraction")}
         if block != "attention":
             total["t_total_ms"] += 1e3 * shown_ep * layers
         total["layer"] = f"{block or 'layer'} x{layers}"
         total["comm_fwd"] = total["comm_bwd"] = ""
-        total["intensity_FLOP_per_B"] = (sum(r["_flops"] for r in members) / sum(r["_bytes"] for r in members))
+        total["intensity_FLOP_per_byte"] = (sum(r["_flops"] for r in members) / sum(r["_bytes"] for r in members))
         total["comm_fraction"] = total["t_comm_ms"] / total["t_total_ms"] if total["t_total_ms"] else 0.0
         rows.append(total)
     return [{c: r[c] for c in COLUMNS} for r in rows]
@@ -98,5 +98,6 @@ def _row(op: Op, workload: Workload, plan: ParallelPlan, system: SystemSpec, lay
             "flops_fwd_GFLOP": flops / 1e9, "act_mem_MiB": saved / MiB, "wt_mem_MiB": weights / MiB,
             "total_mem_fwd_MiB": (saved + weights) / MiB, "flops_bwd_GFLOP": _one(op.backward.flops) / 1e9,
             "comm_fwd": _describe(op.forward), "comm_bwd": _describe(op.backward), "t_comp_ms": 1e3 * compute,
-            "t_mem_ms": 1e3 * memory, "t_comm_ms": 1e3 * comm, "intensity_FLOP_per_B": flops / moved if moved else 0.0,
-            "t_total_ms": 1e3 * total, "comm_fraction": comm / total if total else 0.0}
+            "t_mem_ms": 1e3 * memory, "t_comm_ms": 1e3 * comm,
+            "intensity_FLOP_per_byte": flops / moved if moved else 0.0, "t_total_ms": 1e3 * total,
+            "comm_fraction": comm / total if total else 0.0}

@@ -54,6 +54,10 @@ class Collective:
     """The share of its op's compute each run can hide behind (a ring step: the attention block computing
     meanwhile, 1/cp of the op; an all-gather issued before the first block and waited after it: 1/cp)."""
 
+    def __post_init__(self) -> None:
+        if self.overlap not in OVERLAP:
+            raise ValueError(f"overlap must be one of {', '.join(OVERLAP)}, got {self.overlap!r}")
+
     def seconds(self, g: Number, network: Network) -> Number:
         """Time of one run on a network where `g` of the group's ranks share a fast domain."""
         if self.kind == "ring-step":  # every rank sends to its neighbour at once: the slowest hop sets the pace

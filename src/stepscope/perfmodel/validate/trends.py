@@ -28,7 +28,7 @@ def _rate(row: Any, quantity: str, predicted: bool) -> float:
     run = row.run
     step = row.prediction.step_s if predicted else run.measured_step_s
     tokens = run.workload.batch * run.workload.seq / step / run.plan.gpus
-    if quantity.startswith(("mfu", "tflops")):
+    if quantity.startswith(("mfu", "tflops_per_gpu")):  # the published-runs column names (data/validation)
         return tokens * run.published_flops / (run.workload.batch * run.workload.seq)
     return tokens
 

@@ -96,8 +96,8 @@ class ValidationRow:
             held_out = {"loo_factor": self.held_out[0], "loo_error_pct": 100 * self.held_out_error}
         return {"run": run.label, "gpus": run.plan.gpus, "plan": plan, **modern,
                 "batch": run.workload.batch, "measured_step_s": run.measured_step_s, "predicted_step_s": p.step_s,
-                "error_pct": 100 * self.error, "measured_tflops_per_gpu": run.measured_tflops_per_gpu,
-                "predicted_tflops_per_gpu": predicted_tflops, "bubble_pct": 100 * p.phases["bubble"] / p.step_s,
+                "error_pct": 100 * self.error, "measured_TFLOPps_per_gpu": run.measured_tflops_per_gpu,
+                "predicted_TFLOPps_per_gpu": predicted_tflops, "bubble_pct": 100 * p.phases["bubble"] / p.step_s,
                 "comm_pct": 100 * sum(p.breakdown[c] for c in COMM_CAUSES) / p.step_s,
                 "mem_GiB": p.memory.total / 2**30, **held_out}
 
