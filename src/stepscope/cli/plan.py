@@ -40,7 +40,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add_training_options(parser)
     add_search_options(parser)
     add_config_option(parser, PlanConfig, "--top", "how many plans to print")
-    parser.add_argument("--explain", action="store_true", help="print how many candidates each rule rejected")
+    parser.add_argument("--explain", action="store_true", help="print how many candidates each rule rejected (first) and how many break it")
     add_config_option(parser, PlanConfig, "--workers", "evaluation processes, or all (one per CPU)", none="all")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_output_options(parser, resume=False)
@@ -73,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
     printer.note(outcome.summary())
     if args.explain or not outcome.result.top:
         printer.emit(outcome.rejected_rows(),
-                     title="why candidates were rejected (a candidate may break several rules)")
+                     title="why candidates were rejected (rejected: under the first rule broken, in this order; "
+                           "with the feasible they add up to all candidates; breaking: every candidate breaking the "
+                           "rule)")
     if not outcome.result.top:
         raise UsageError(outcome.result.why_none())
     rows = outcome.rows()
