@@ -40,7 +40,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add_training_options(parser)
     add_search_options(parser)
     add_config_option(parser, PlanConfig, "--top", "how many plans to print")
-    parser.add_argument("--explain", action="store_true", help="print how many candidates each rule rejected (first) and how many break it")
+    parser.add_argument("--explain", action="store_true", help="print how many candidates each rule rejected")
     add_config_option(parser, PlanConfig, "--workers", "evaluation processes, or all (one per CPU)", none="all")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_output_options(parser, resume=False)

@@ -12,6 +12,13 @@ import pytest
 from stepscope.distributed.tracing.strace import parse_line
 from stepscope.distributed.tracing.syscall_kinds import KINDS, moved_bytes, syscall_kind
 
+
+def mmsg_entry(iov_len: int, msg_len: int) -> str:
+    """One message of a sendmmsg/recvmmsg array as `strace -e abbrev=none -s 0` prints it."""
+    return ('{msg_hdr={msg_name=NULL, msg_namelen=0, msg_iov=[{iov_base=""..., iov_len=' + str(iov_len)
+            + '}], msg_iovlen=1, msg_controllen=0, msg_flags=0}, msg_len=' + str(msg_len) + '}')
+
+
 RECORDED = [
     # (program, line, kind, bytes)
     # gloo: payload out with writev (48-byte header + 256 KiB), in with recvfrom; the TCPStore's read/write/sendto
@@ -83,12 +90,10 @@ RECORDED = [
     ("udp", "1795843553.464085 recvmmsg(4<socket:[111309]>, [...], 8, MSG_DONTWAIT, NULL) = 3 <0.000266>", "recv",
      0),
     ("udp", "1795843570.410187 sendmmsg(3<socket:[110518]>, [" + ", ".join(
-        '{msg_hdr={msg_name=NULL, msg_namelen=0, msg_iov=[{iov_base=""..., iov_len=%d}], msg_iovlen=1, '
-        'msg_controllen=0, msg_flags=0}, msg_len=%d}' % (n, n) for n in (300, 301, 302))
+        mmsg_entry(n, n) for n in (300, 301, 302))
      + "], 3, MSG_DONTWAIT) = 3 <0.000030>", "send", 903),
     ("udp", "1795843570.460913 recvmmsg(4<socket:[110519]>, [" + ", ".join(
-        '{msg_hdr={msg_name=NULL, msg_namelen=0, msg_iov=[{iov_base=""..., iov_len=2048}], msg_iovlen=1, '
-        'msg_controllen=0, msg_flags=0}, msg_len=%d}' % n for n in (300, 301, 302))
+        mmsg_entry(2048, n) for n in (300, 301, 302))
      + "], 8, MSG_DONTWAIT, NULL) = 3 <0.000026>", "recv", 903),
 ]
 
