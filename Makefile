@@ -10,7 +10,7 @@ EXTRAS ?= test,lint,triton,mpi
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stepscope-setup
 
-.PHONY: setup run test lint browser-check clean
+.PHONY: setup run test lint mutants browser-check clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,13 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# Planted bugs (tests/mutants/mutants.toml), one at a time on a copy of the tree, each against the tests that must
+# catch it: caught/survived and a summary (docs/contributing-tests.md). Not part of `make test`: it runs the
+# named test folders once per mutant. MUTANTS=id,id runs those only.
+MUTANTS ?=
+mutants: setup
+	$(PY) scripts/mutants.py $(if $(MUTANTS),--only $(MUTANTS))
 
 # ruff with the project's rules (pyproject.toml; its default excludes skip no folder of src/ or tests/); the import
 # contracts of docs/architecture.md (import-linter, pyproject.toml); no merge-conflict markers anywhere tracked
