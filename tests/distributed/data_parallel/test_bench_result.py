@@ -80,3 +80,12 @@ def test_best_is_the_least_exposed_variant():
     r = result()
     assert r.best(["bucketed", "torch"]).label == "bucketed 1"  # 4 ms exposed against 6.3
     assert r.best(["naive", "torch"]).label == "naive"
+
+
+def test_bstar_is_sqrt_of_gradient_bytes_bandwidth_and_latency_capped_at_one_bucket():
+    r = result()  # s = 1 MiB of gradients, w = 1 GB/s, alpha = 0.1 ms
+    assert r.bstar_bytes() == pytest.approx((2**20 * 1e9 * 1e-4) ** 0.5, rel=1e-12)  # 323,817.9 bytes
+    line = next(line for line in r.summary_lines() if "b* = sqrt(s*w*alpha)" in line)
+    assert "= 0.31 MiB (3.2 buckets)" in line
+    slow_calls = DDPBenchResult(**{**vars(r), "alpha_s": 1.0})  # sqrt(s w alpha) = 32 MB > s: one bucket
+    assert slow_calls.bstar_bytes() == 2**20
