@@ -99,23 +99,27 @@ def environment(copy: Path) -> dict[str, str]:
 
 
 def run_tests(copy: Path, tests: list[str], timeout_s: float) -> tuple[str, float, str]:
-    """(outcome: passed | failed | timeout | error, seconds, the first failing test id or a note)."""
-    argv = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", "-o", "addopts=",
-            "-rfE", *tests]
+    """(outcome: passed | failed | timeout | error, seconds, the first failing test id or a note). The paths run
+    in the order given, one pytest each (pytest would fold a file into a folder named with it and run the folder's
+    order), a folder without the files already run; the first failure ends it."""
     start = time.perf_counter()
-    try:
-        done = subprocess.run(argv, cwd=copy, env=environment(copy), capture_output=True, text=True,
-                              timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return "timeout", time.perf_counter() - start, f"over {timeout_s:.0f} s"
-    seconds = time.perf_counter() - start
-    failed = _FAILED.findall(done.stdout)
-    if done.returncode == 0:
-        return "passed", seconds, ""
-    if done.returncode == 1 and failed:
-        return "failed", seconds, failed[0]
-    tail = " ".join((done.stdout + done.stderr).strip().splitlines()[-2:])
-    return "error", seconds, tail[-300:]
+    for index, path in enumerate(tests):
+        ignored = [f"--ignore={t}" for t in tests[:index] if t.startswith(path.rstrip("/") + "/")]
+        argv = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", "-o",
+                "addopts=", "-rfE", *ignored, path]
+        left = timeout_s - (time.perf_counter() - start)
+        try:
+            done = subprocess.run(argv, cwd=copy, env=environment(copy), capture_output=True, text=True,
+                                  timeout=max(left, 1.0))
+        except subprocess.TimeoutExpired:
+            return "timeout", time.perf_counter() - start, f"over {timeout_s:.0f} s"
+        failed = _FAILED.findall(done.stdout)
+        if done.returncode == 1 and failed:
+            return "failed", time.perf_counter() - start, failed[0]
+        if done.returncode != 0:
+            tail = " ".join((done.stdout + done.stderr).strip().splitlines()[-2:])
+            return "error", time.perf_counter() - start, tail[-300:]
+    return "passed", time.perf_counter() - start, ""
 
 
 def main(argv: list[str] | None = None) -> int:
