@@ -10,7 +10,7 @@ EXTRAS ?= test,lint,triton,mpi
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stepscope-setup
 
-.PHONY: setup run test lint browser-check clean
+.PHONY: setup run test lint mutants browser-check clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,13 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
+# Planted bugs (tests/mutants/mutants.toml), one at a time on a copy of the tree, each against the tests that must
+# catch it: caught/survived and a summary (docs/contributing-tests.md). Not part of `make test`: it runs the
+# named test folders once per mutant. MUTANTS=id,id runs those only.
+MUTANTS ?=
+mutants: setup
+	$(PY) scripts/mutants.py $(if $(MUTANTS),--only $(MUTANTS))
+
 # ruff with the project's rules (pyproject.toml; its default excludes skip no folder of src/ or tests/); the import
 # contracts of docs/architecture.md (import-linter, pyproject.toml); no unused names (vulture, pyproject.toml); no
 # merge-conflict markers anywhere tracked
@@ -41,16 +48,13 @@ lint: setup
 
 # A report in headless Chromium: no console errors, every plot laid out, sorting, filtering and the dark scheme
 # work, a screenshot (stepscope-results/browser-check.png). REPORT=path checks that page instead of a generated
-# one. Installs Debian's chromium where apt-get may (root; BROWSER_INSTALL=0 never does); no browser: a skip.
+# one. Finds or installs Chromium wherever it can (scripts/install_browser.sh: STEPSCOPE_BROWSER, PATH, Playwright's
+# cache, Debian's chromium as root, Playwright's download; BROWSER_INSTALL=0 installs nothing) and says loudly when
+# none could be had: a skip, or a failure with STEPSCOPE_REQUIRE_BROWSER=1 (.ci/run) or CI set.
 BROWSER_INSTALL ?= 1
 REPORT ?=
 browser-check: setup
-	@if [ "$(BROWSER_INSTALL)" = 1 ] && [ -z "$$STEPSCOPE_BROWSER" ] && ! command -v chromium >/dev/null 2>&1 \
-	    && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing Debian's chromium for the browser check"; \
-	  apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && \
-	    apt-get install -y -qq chromium >/dev/null 2>&1; } || echo "could not install chromium"; \
-	fi
+	@BROWSER_INSTALL=$(BROWSER_INSTALL) scripts/install_browser.sh $(PY)
 	$(PY) -m stepscope.report.browser_check $(REPORT)
 
 clean:

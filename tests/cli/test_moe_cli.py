@@ -33,7 +33,21 @@ def test_step_both_expert_implementations_with_activated_flops(cli, tmp_path):
     assert code == 0, err
     compared = read_records(tmp_path / "cal" / "compare.jsonl")
     assert compared and all(r["config"]["model_spec"]["n_experts"] == 4 for r in compared)
-    assert all(r["metrics"]["step_predicted_ms"] > 0 for r in compared)
+    # every measured record compared: its step = the sum of its phase medians, the error by its definition, and
+    # one prediction per configuration the model sees (it has no expert implementation: grouped and reference
+    # get the same), which differs between the two capacity factors
+    phases = ("forward", "backward", "optimizer")
+    measured = sorted((r["config"]["model_spec"]["capacity_factor"],
+                       sum(r["metrics"][f"{phase}_ms_median"] for phase in phases)) for r in records)
+    got = sorted((r["config"]["model_spec"]["capacity_factor"], r["metrics"]["step_measured_ms"]) for r in compared)
+    assert [cf for cf, _ in got] == [cf for cf, _ in measured]
+    assert [ms for _, ms in got] == pytest.approx([ms for _, ms in measured], rel=1e-9)
+    predicted: dict[float, set[float]] = {}
+    for r in compared:
+        m = r["metrics"]
+        assert m["step_error_pct"] == pytest.approx(100 * (m["step_predicted_ms"] / m["step_measured_ms"] - 1))
+        predicted.setdefault(r["config"]["model_spec"]["capacity_factor"], set()).add(m["step_predicted_ms"])
+    assert all(len(values) == 1 for values in predicted.values()) and len(set.union(*predicted.values())) == 2
     code, _, err = cli("step", *MOE, "--moe-impl", "loop", "--out", tmp_path)
     assert code == 2 and "invalid choice 'loop'" in err
     code, _, _ = cli("step", "--model", "tiny", "--batch", "2", "--seq", "16", "--warmup", "0", "--iters", "1",

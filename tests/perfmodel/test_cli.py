@@ -18,7 +18,16 @@ def test_predict_prints_totals_breakdown_and_per_layer_table(cli, tmp_path):
                  "AR tp8"):
         assert text in out
     (record,) = read_records(tmp_path / "predict.jsonl")
-    assert record["config"]["plan"]["dp"] == 8 and record["metrics"]["step_s"] > 0
+    from stepscope.perfmodel.model.evaluate import evaluate
+    from stepscope.spec import Workload, get_preset
+    from stepscope.spec.plan import ParallelPlan
+    from stepscope.spec.system import load_system
+
+    # the options became this plan (dp = 1024 / (8 x 16)), predicted as the library predicts it, to the bit
+    plan = ParallelPlan(dp=8, tp=8, pp=16, recompute="full", micro_batch=record["config"]["plan"]["micro_batch"])
+    expected = evaluate(get_preset("gpt3-175b"), Workload(batch=1536, seq=2048, precision="bf16", mode="train"), plan,
+                        load_system("A100-80GB"))
+    assert record["config"]["plan"] == plan.to_dict() and record["metrics"]["step_s"] == expected.step_s
     assert 0 < record["metrics"]["mfu_pct"] < record["metrics"]["hfu_pct"] < 100
 
 

@@ -284,7 +284,10 @@ def test_moe_dataset_rows_reproduce_their_published_rates():
     assert runs["deepseek-v3-h800-2048-derived"].system == "H800"
     rows = validate(dataset="moe_runs")
     assert len(rows) == len(runs) and all(math.isfinite(r.error) for r in rows)
-    assert median_abs_error(rows) > 0
+    # docs/validation.md: the model is fast on MoE runs, 30.4% at the median; a change that makes it worse than a
+    # third off, or turns the bias around, fails here
+    assert median_abs_error(rows) <= 1 / 3
+    assert sum(r.error < 0 for r in rows) >= len(rows) - 3
 
 
 def test_calibration_counts_the_moe_blocks_the_prediction_counts():

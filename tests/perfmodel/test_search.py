@@ -120,6 +120,32 @@ def test_rejection_counts_follow_the_rules():
     assert result.evaluated == 0 and "no valid plan" in result.why_none()
 
 
+def test_each_candidate_is_rejected_once_and_examples_cite_what_no_earlier_rule_rejected():
+    """Llama 3 8B at seq 4090 on 12 GPUs, tp 4 with sequence parallelism, cp 3 or 1 (cp 3 first): cp 3 breaks the
+    CP rule (4090 is not a multiple of 6) and the sequence-parallel one (1363 tokens per CP rank, not a multiple
+    of 4); cp 1 only the sequence-parallel one (4090 tokens). Each counts once, under the first rule it breaks:
+    the sequence-parallel example is the cp 1 candidate, and the counts add up to the candidates enumerated."""
+    space = SearchSpace(tp=(4,), pp=(1,), cp=(3, 1), micro_batch=(1,), interleave=(1,), zero=(0, 1),
+                        recompute=("none",), sequence_parallel=(True,), placements=False, shard_group=(0,))
+    result = search(get_preset("llama3-8b"), Workload(batch=12, seq=4090, precision="bf16"), load_system("H100-SXM"),
+                    12, space)
+    assert result.enumerated == 4 and result.evaluated == 0  # 2 shapes x 2 ZeRO stages
+    assert result.rejected == {"cp splits the sequence": 2, "sequence parallel splits the sequence": 2}
+    assert result.breaking == {"cp splits the sequence": 2, "sequence parallel splits the sequence": 4}
+    assert result.examples["sequence parallel splits the sequence"] == (
+        "sequence_parallel needs the 4090 tokens per sequence and context-parallel rank to be divisible by tp=4")
+
+
+def test_rejections_and_evaluations_add_up_to_the_candidates_enumerated():
+    result = search(SPEC, WORKLOAD, SYSTEM, 4, dataclasses.replace(SPACE, flash_attention=(True,)), top_k=1)
+    rules = {rule: n for rule, n in result.rejected.items() if rule != MEMORY_RULE}
+    assert sum(rules.values()) + result.evaluated == result.enumerated
+    assert result.rejected[MEMORY_RULE] + result.feasible == result.evaluated
+    assert all(result.breaking[rule] >= n for rule, n in rules.items())
+    assert sum(result.breaking.values()) > sum(result.rejected.values())  # some candidates break several rules
+    assert set(result.examples) == set(rules)  # the memory rule has one only when nothing fits
+
+
 
 def test_top_k_is_k_distinct_answers_with_complete_tie_counts():
     # GPT-3 175B on 1,024 A100s: equal plans (placements that put the same groups on the same links, ZeRO

@@ -9,10 +9,31 @@ from stepscope.report import browser_check
 from stepscope.report.browser_check import find_browser, main
 
 
-def test_without_a_browser_the_check_skips_with_a_message(monkeypatch, capsys):
+def test_without_a_browser_the_check_skips_loudly_and_fails_where_required(monkeypatch, capsys):
     monkeypatch.setenv("STEPSCOPE_BROWSER", "no-such-browser-here")
+    monkeypatch.delenv("STEPSCOPE_REQUIRE_BROWSER", raising=False)
+    monkeypatch.delenv("CI", raising=False)
     assert main([]) == 0
     assert "browser-check skipped: no Chromium found" in capsys.readouterr().out
+    for name, value in (("STEPSCOPE_REQUIRE_BROWSER", "1"), ("CI", "true")):
+        monkeypatch.setenv(name, value)
+        assert main([]) == 1
+        out = capsys.readouterr().out
+        assert "browser-check FAILED: no Chromium found" in out and "NOT verified" in out
+        monkeypatch.delenv(name)
+
+
+def test_playwrights_downloaded_chromium_is_found(monkeypatch, tmp_path):
+    monkeypatch.delenv("STEPSCOPE_BROWSER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # nothing on PATH
+    monkeypatch.setenv("PLAYWRIGHT_BROWSERS_PATH", str(tmp_path))
+    assert find_browser() is None
+    for build in ("chromium-1100", "chromium-1200"):
+        chrome = tmp_path / build / "chrome-linux" / "chrome"
+        chrome.parent.mkdir(parents=True)
+        chrome.write_text("#!/bin/sh\n")
+        chrome.chmod(0o755)
+    assert find_browser() == str(tmp_path / "chromium-1200" / "chrome-linux" / "chrome")
 
 
 def test_problems_name_every_failure():

@@ -37,3 +37,25 @@ def test_agrees_with_hta(name: str) -> None:
             assert metrics[ours] == pytest.approx(expected[theirs], abs=TOLERANCE_PCT), ours
     assert metrics["gpu_span_ms"] * 1e3 == pytest.approx(expected["kernel_time_us"], rel=0.01)
     assert rank.total.metrics(0.5)["other_pct"] <= 5.0
+
+
+def test_the_128_rank_pair_reports_consistent_step_figures() -> None:
+    """The sampled 128-rank pair (two steps each, so one counted): a rank's `all` step time is its counted step's,
+    and no step names one rank both slowest (waited for) and waiting."""
+    paths = [SHARED / f"128rank-sampled-rank{r}.json.gz" for r in (0, 1)]
+    if not all(p.exists() for p in paths):
+        pytest.skip("../shared/traces is absent")
+    from stepscope.traces.ranks import across_ranks, assign_ranks
+    from stepscope.traces.records import step_rows
+
+    ranks = assign_ranks([analyze(read_trace(p)) for p in paths])
+    rows = step_rows(ranks, 0.5)
+    for rank in ranks:
+        own = {row["step"]: row["step_ms"] for row in rows if row["rank"] == rank.rank}
+        assert own["all"] == own[551]  # 552 is the last step, left out of the totals
+    steps = across_ranks(ranks)
+    assert [s.step for s in steps] == [551, 552]
+    for step in steps:
+        row = step.row()
+        assert row["slowest_rank"] != row["waiting_rank"]
+        assert row["max_wait_ms"] == max(step.wait_ms.values())

@@ -136,7 +136,7 @@ def _show(printer: Any, fmt: str, config: DDPBenchConfig, result: Any) -> None:
              f"{', ShardedOptimizer(AdamW)' if config.shard_optimizer else ', AdamW'}")
     rows = result.rows()
     if fmt in ("table", "md"):
-        printer.emit(rows, title=title + " (ms: slowest rank per round; vs_torch: median per-round ratio)")
+        printer.emit(rows, title=title + " (ms: slowest rank per round; vs_torch: ratio of the step medians)")
         printer.emit(result.memory_rows(), title="memory per rank over a first step of the bare model (rank 0; "
                                                  "each variant's gradient memory once synchronized, buckets "
                                                  "included, is its grads_MiB above)")

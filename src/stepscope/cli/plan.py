@@ -73,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
     printer.note(outcome.summary())
     if args.explain or not outcome.result.top:
         printer.emit(outcome.rejected_rows(),
-                     title="why candidates were rejected (a candidate may break several rules)")
+                     title="why candidates were rejected (rejected: under the first rule broken, in this order; "
+                           "with the feasible they add up to all candidates; breaking: every candidate breaking the "
+                           "rule)")
     if not outcome.result.top:
         raise UsageError(outcome.result.why_none())
     rows = outcome.rows()

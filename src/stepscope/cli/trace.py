@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
                      f"{len(rank.steps)} steps)")
     rows = outcome.step_rows()
     printer.emit(rows, title="per rank and step: GPU time (CPU ops for a CPU trace); step `all`: the rank's totals, "
-                             "HTA's definitions",
+                             "HTA's definitions (its step_ms: the mean of the steps it counts, the last left out)",
                  columns=[c for c in outcome.step_columns if any(row.get(c) is not None for row in rows)])
     categories = outcome.category_rows()
     printer.emit(categories, title="GPU kernel time by category (% of summed kernel time)",

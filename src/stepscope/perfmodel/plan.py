@@ -13,7 +13,7 @@ from stepscope.errors import UsageError
 from stepscope.perfmodel.runs import DEFAULT_SYSTEM, RunRecords, SystemLike, system_of
 from stepscope.perfmodel.search.allocator import keep_freed_memory
 from stepscope.perfmodel.search.pool import available_cpus
-from stepscope.perfmodel.search.search import SearchResult, SearchSpace, search
+from stepscope.perfmodel.search.search import MEMORY_RULE, SearchResult, SearchSpace, search
 from stepscope.spec import ModelSpec, Workload
 from stepscope.spec.system import SystemSpec
 
@@ -60,15 +60,20 @@ class PlanOutcome:
         """One line: what was searched, how fast, how many plans fit."""
         r, w, workers = self.result, self.config.workload, self.result.workers
         return (f"{self.config.model.name} on {self.config.gpus} x {self.system.name}, global batch {w.batch}, seq "
-                f"{w.seq}, {w.precision}: evaluated {r.evaluated:,} candidates in {r.seconds:.2f} s "
+                f"{w.seq}, {w.precision}: {r.enumerated:,} candidates, {r.enumerated - r.evaluated:,} rejected by the "
+                f"plan rules, evaluated {r.evaluated:,} in {r.seconds:.2f} s "
                 f"({r.configs_per_s:,.0f} configs/s; enumeration {r.enumerate_s:.2f} s, evaluation "
                 f"{r.evaluate_s:.2f} s in {workers} process{'es' if workers > 1 else ''}); "
                 f"{r.feasible:,} fit in memory")
 
     def rejected_rows(self) -> list[dict[str, Any]]:
-        """Per rule, how many candidates it excluded (most first) and why one of them was excluded."""
-        return [{"rule": rule, "rejected": count, "example": self.result.examples.get(rule, "")}
-                for rule, count in sorted(self.result.rejected.items(), key=lambda kv: -kv[1])]
+        """Per rule in the order they are checked (memory last): the candidates it rejected first (no earlier rule
+        did; with the feasible ones they add up to all the candidates), every candidate breaking it, and why one
+        candidate it rejected first was rejected."""
+        r = self.result
+        order = [rule for rule in r.breaking if rule != MEMORY_RULE] + [MEMORY_RULE]
+        return [{"rule": rule, "rejected": r.rejected.get(rule, 0), "breaking": r.breaking[rule],
+                 "example": r.examples.get(rule, "")} for rule in order if rule in r.breaking]
 
     def rows(self) -> list[dict[str, Any]]:
         """The top plans, best first, with where their step goes."""

@@ -6,7 +6,8 @@ PDF; then save a screenshot. Without a report it checks one of a generated study
 How: a copy of the page gets a probe script at the top of its <head> that records errors, and after `load` measures
 the SVGs, clicks a numeric header, types into a filter and writes what it found into the DOM, which Chromium's
 `--dump-dom` prints (`--virtual-time-budget` lets the page's timers run first). No browser automation library, no
-network: Debian's `chromium` is enough. No browser found: one line saying so, exit 0 (a skip, not a failure)."""
+network: Debian's `chromium` is enough (or Playwright's downloaded Chromium). No browser found: a loud notice and exit
+0 (a skip), or exit 1 where the check is required (STEPSCOPE_REQUIRE_BROWSER=1, which `.ci/run` sets, or CI set)."""
 
 from __future__ import annotations
 
@@ -67,10 +68,23 @@ window.addEventListener('load',function(){
 
 
 def find_browser() -> str | None:
+    """STEPSCOPE_BROWSER when set (None if it is no executable), else the first of BROWSERS on PATH, else the
+    newest Chromium in Playwright's browser cache (PLAYWRIGHT_BROWSERS_PATH or ~/.cache/ms-playwright)."""
     named = os.environ.get("STEPSCOPE_BROWSER")
     if named is not None:
         return shutil.which(named)
-    return next((path for path in map(shutil.which, BROWSERS) if path), None)
+    on_path = next((path for path in map(shutil.which, BROWSERS) if path), None)
+    if on_path is not None:
+        return on_path
+    cache = Path(os.environ.get("PLAYWRIGHT_BROWSERS_PATH") or Path.home() / ".cache" / "ms-playwright")
+    downloaded = sorted(cache.glob("chromium-*/chrome-linux*/chrome"), key=lambda p: p.parent.parent.name)
+    return str(downloaded[-1]) if downloaded and os.access(downloaded[-1], os.X_OK) else None
+
+
+def required() -> bool:
+    """Whether a missing browser fails the check: STEPSCOPE_REQUIRE_BROWSER=1 (`.ci/run`), or CI set (1/true)."""
+    return (os.environ.get("STEPSCOPE_REQUIRE_BROWSER") == "1"
+            or os.environ.get("CI", "").lower() in ("1", "true", "yes"))
 
 
 def _run(browser: str, args: list[str], profile: str) -> subprocess.CompletedProcess:
@@ -152,9 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     browser = find_browser()
     if browser is None:
-        print("browser-check skipped: no Chromium found (Debian: apt-get install chromium; or set "
-              "STEPSCOPE_BROWSER to a Chrome/Chromium executable)")
-        return 0
+        needed = required()
+        print("#" * 100)
+        print(f"browser-check {'FAILED' if needed else 'skipped'}: no Chromium found, so sorting, filtering, the dark "
+              "scheme and printing are NOT verified (Debian: apt-get install chromium; or set STEPSCOPE_BROWSER to a "
+              "Chrome/Chromium executable)" + ("; required here (STEPSCOPE_REQUIRE_BROWSER=1 or CI)" if needed else ""))
+        print("#" * 100)
+        return 1 if needed else 0
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(args.report) if args.report else _generated_report(Path(scratch))
         light, dark = probe(browser, report), probe(browser, report, dark=True)

@@ -9,7 +9,8 @@ Definitions (HTA's, so the numbers agree with it):
   communication and sync time not under a computation kernel);
 - communication overlap: the part of the communication kernels' union that a computation kernel also covers, as a
   share of that union; exposed communication = the rest.
-The rank totals leave out the last step when there are two or more, as HTA does (`_counted`). A kernel belongs to
+The rank totals leave out the last step when there are two or more, as HTA does (`_counted`); their `step_ms` is
+the mean window of the steps they count (the trace's span when it has no steps). A kernel belongs to
 the step whose CPU range launched it (by correlation id; its own start when unmatched). A step's
 GPU window runs from its first kernel to the first kernel of the next step (the last: to its last kernel's end), so
 the steps tile the GPU timeline and the idle time between steps is counted in the step that waits.
@@ -89,14 +90,20 @@ class Window:
     queue_mean: float
     queue_max: int
     cpu_step_us: float | None = None
+    cpu_start_us: float = 0.0
+    """When the step's CPU range began (0 for the whole trace)."""
     comm_durations: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """Durations of this window's communication kernels in launch order (cross-rank wait)."""
     comm_kinds: tuple[str, ...] = ()
     """Their collective kinds, in the same order (the ranks' sequences must agree to be matched)."""
+    step_us: float | None = None
+    """The step time this window reports; None: its span. The rank totals report the mean of the counted steps'
+    windows (a step, not the counted steps' span, which leaves out the idle time before the next step)."""
 
     def metrics(self, launch_bound_share: float) -> dict[str, Any]:
         total = sum(self.categories.values())
-        out: dict[str, Any] = {"step_ms": self.breakdown.span_us / 1e3,
+        step_us = self.breakdown.span_us if self.step_us is None else self.step_us
+        out: dict[str, Any] = {"step_ms": step_us / 1e3,
                                "cpu_step_ms": None if self.cpu_step_us is None else self.cpu_step_us / 1e3}
         out.update(self.breakdown.metrics())
         out.update({f"{c.replace(' ', '_')}_pct": 100 * self.categories.get(c, 0.0) / total if total else 0.0
@@ -172,8 +179,13 @@ def analyze(trace: RankTrace, top: int = 10, system: str | None = None) -> RankA
             later = [f for f in firsts[k + 1:] if f is not None]
             window_end = max(min(later), firsts[k]) if later else float(end[mask].max())
             window = context.window(number, mask, firsts[k], window_end)
-            window.cpu_step_us = cpu_end - cpu_start
+            window.cpu_step_us, window.cpu_start_us = cpu_end - cpu_start, cpu_start
             steps.append(window)
+    # the steps the totals count: those launched before the last step's mark when there are two or more
+    last_mark = max(trace.step_marks.values()) if len(trace.step_marks) >= 2 else np.inf
+    counted_steps = [w.breakdown.span_us for w in steps if w.cpu_start_us < last_mark]
+    if counted_steps:
+        total.step_us = float(np.mean(counted_steps))
     info = trace.distributed
     rank, world = info.get("rank"), info.get("world_size")
     return RankAnalysis(path=trace.path, rank=rank if isinstance(rank, int) else None,

@@ -1,5 +1,5 @@
 """Across the ranks of one job: which file is which rank, that they are one job, and per step the step time of every
-rank, the spread, the slowest rank and the communication time spent waiting for it.
+rank, the spread, the slowest rank (the one the others waited for) and the communication time spent waiting for it.
 
 Waiting time needs no common clock (ranks' clocks differ by more than a kernel): the i-th collective of a step is
 matched across ranks, and on each rank the part of its duration above the fastest rank's duration of the same
@@ -65,7 +65,25 @@ class StepAcrossRanks:
 
     @property
     def slowest(self) -> int:
-        return max(self.step_ms, key=self.step_ms.get)
+        """The rank the others waited for: the one that waited least in the matched collectives (it arrived last),
+        the longer step breaking a tie; without matched collectives, the rank with the longest step. A step window
+        includes the time a rank spent waiting, so the longest window alone would name a waiting rank."""
+        if self.wait_ms is None:
+            return max(self.step_ms, key=self.step_ms.get)
+        return min(self.step_ms, key=lambda r: (self.wait_ms[r], -self.step_ms[r]))
+
+    @property
+    def waiting(self) -> int | None:
+        """The rank that waited longest for the slowest one; None when no rank waited longer than the slowest (or
+        the collectives do not match). Never the slowest rank itself."""
+        if self.wait_ms is None:
+            return None
+        slowest = self.slowest
+        others = [r for r in self.wait_ms if r != slowest]
+        if not others:
+            return None
+        rank = max(others, key=self.wait_ms.get)
+        return rank if self.wait_ms[rank] > self.wait_ms[slowest] else None
 
     def row(self) -> dict[str, Any]:
         times = list(self.step_ms.values())
@@ -76,7 +94,7 @@ class StepAcrossRanks:
                                "slowest_rank": self.slowest}
         if self.wait_ms is not None:
             row["max_wait_ms"] = max(self.wait_ms.values())
-            row["waiting_rank"] = max(self.wait_ms, key=self.wait_ms.get)
+            row["waiting_rank"] = self.waiting
         return row
 
 

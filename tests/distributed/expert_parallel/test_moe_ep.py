@@ -8,9 +8,10 @@ from stepscope.distributed.expert_parallel.config import EPConfig
 from stepscope.spec import get_preset
 
 
-def expected_dispatch(config: EPConfig) -> tuple[int, int]:
-    """(rows all ranks send, assignments the capacity drops) for the benchmark's seeded block and tokens, from the
-    independent per-token router of tests/nn (no stepscope routing code)."""
+def expected_dispatch(config: EPConfig) -> tuple[int, int, list[int], list[int]]:
+    """(rows all ranks send, assignments the capacity drops, rows each rank sends, kept assignments per expert
+    over all ranks) for the benchmark's seeded block and tokens, from the independent per-token router of
+    tests/nn (no stepscope routing code)."""
     import torch
 
     from stepscope.nn.moe import MoE
@@ -20,6 +21,7 @@ def expected_dispatch(config: EPConfig) -> tuple[int, int]:
     torch.manual_seed(config.seed)  # the block every rank builds
     block = MoE(config.model, "reference", shared=MLP)
     kept = dropped = 0
+    per_rank, per_expert = [], [0] * config.model.n_experts
     for rank in range(config.ep):
         generator = torch.Generator().manual_seed(config.seed * 1_000_003 + rank)
         x = torch.randn(config.tokens, config.model.d_model, generator=generator)
@@ -29,7 +31,10 @@ def expected_dispatch(config: EPConfig) -> tuple[int, int]:
                         capacity_factor=config.model.capacity_factor)
         kept += sum(c.kept for choices in plan for c in choices)
         dropped += sum(not c.kept for choices in plan for c in choices)
-    return kept, dropped
+        per_rank.append(sum(c.kept for choices in plan for c in choices))
+        for c in (c for choices in plan for c in choices if c.kept):
+            per_expert[c.expert] += 1
+    return kept, dropped, per_rank, per_expert
 
 
 def test_two_ranks_equal_the_reference_send_only_kept_rows_and_time_every_piece(cli, tmp_path):
@@ -37,7 +42,7 @@ def test_two_ranks_equal_the_reference_send_only_kept_rows_and_time_every_piece(
     (asserted first, from the independent router); an expert-parallel layer that sent a dropped assignment would
     send more rows than the kept ones, whatever its output."""
     config = EPConfig(model=get_preset("tiny-moe", capacity_factor=1.0, router="sigmoid"), tokens=96, seed=0)
-    kept, dropped = expected_dispatch(config)
+    kept, dropped, per_rank, per_expert = expected_dispatch(config)
     assert dropped > 0 and kept + dropped == 2 * 96 * 2
     code, out, err = cli("moe", "--model", "tiny-moe", "--capacity-factor", "1", "--router", "sigmoid",
                          "--ep", "2", "--tokens", "96", "--warmup", "1", "--iters", "3", "--threads", "1",
@@ -54,8 +59,10 @@ def test_two_ranks_equal_the_reference_send_only_kept_rows_and_time_every_piece(
     assert metrics["dropped_assignments"] == dropped and metrics["dispatch_rows"] == kept
     for piece in ("router", "dispatch", "experts", "combine", "shared", "layer"):
         assert metrics[f"{piece}_ms_median"] > 0 and metrics[f"{piece}_n"] == 3
-    # the busiest rank sent at most all its kept rows, fp32 of width 64, and at least half of them
-    assert kept / 2 * 64 * 4 <= metrics["dispatch_bytes"] <= kept * 64 * 4
+    # the busiest rank sent its kept rows (to itself included), fp32 of width 64; the load is the busiest expert's
+    # kept assignments over the mean, both from the independent router
+    assert metrics["dispatch_bytes"] == max(per_rank) * 64 * 4
+    assert metrics["load_max_over_mean"] == pytest.approx(max(per_expert) / (sum(per_expert) / len(per_expert)))
 
 
 @pytest.mark.parametrize("args, message", [

@@ -89,3 +89,20 @@ def test_no_strace_is_one_usage_line(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no strace on it
     with pytest.raises(UsageError, match="strace is not installed"):
         find_strace()
+
+
+def test_a_call_outlasting_its_window_counts_only_its_time_inside():
+    """A futex wait entered 0.5 s before a window closes and lasting 2 s counts 0.5 s; a call before the window
+    and one after it count nothing (a window of rank 0, one thread, marks made by hand)."""
+    from stepscope.distributed.tracing.strace import Syscall, ThreadTrace
+    from stepscope.distributed.tracing.windows import RankMarks, Window
+
+    calls = [Syscall(9.0, "sendto", "3<socket:[1]>, \"\"..., 10, 0, NULL, 0", 10, None, 0.1),
+             Syscall(10.25, "sendto", "3<socket:[1]>, \"\"..., 40, 0, NULL, 0", 40, None, 0.25),
+             Syscall(10.5, "futex", "0x7f, FUTEX_WAIT_PRIVATE, 2, NULL", 0, None, 2.0),
+             Syscall(11.5, "sendto", "3<socket:[1]>, \"\"..., 20, 0, NULL, 0", 20, None, 0.1)]
+    threads = {7: ThreadTrace(7, calls=calls, first_ts=9.0, last_ts=12.5)}
+    window = Window("w", {0: RankMarks(pid=7, tasks=1, spans=[(10.0, 11.0)])})
+    kinds = tally_window(threads, window)["kinds"]
+    assert kinds["sync"] == {"calls": 1, "time_us": pytest.approx(0.5e6), "bytes": 0, "errors": 0}
+    assert kinds["send"] == {"calls": 1, "time_us": pytest.approx(0.25e6), "bytes": 40, "errors": 0}

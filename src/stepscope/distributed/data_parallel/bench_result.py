@@ -69,9 +69,13 @@ class DDPBenchResult:
         return float(np.median([a - b for a, b in zip(result.rounds, self.compute.rounds, strict=True)]))
 
     def overlap(self, result: VariantResult) -> float | None:
+        """Share of the variant's communication that ran under compute, in [0, 1]: hidden = comm alone − exposed,
+        at least 0 (a step that grew by more than its communication hid none; the excess is overhead, and shows in
+        the exposed time) and at most comm alone (a step that did not grow hid all of it)."""
         if result.comm_alone is None or result.comm_alone.median <= 0:
             return None
-        return 1.0 - self.exposed_s(result) / result.comm_alone.median
+        alone = result.comm_alone.median
+        return min(max(alone - self.exposed_s(result), 0.0), alone) / alone
 
     def bstar_bytes(self) -> float:
         """b* = sqrt(s·w·alpha), at most s (one bucket)."""
@@ -79,9 +83,10 @@ class DDPBenchResult:
             return float("nan")
         return min(float(self.grad_bytes), math.sqrt(self.grad_bytes * self.bandwidth_Bps * self.alpha_s))
 
-    def paired_ratio(self, a: VariantResult, b: VariantResult) -> float:
-        """Median over rounds of time(a) / time(b), both measured in the same round."""
-        return float(np.median([x / y for x, y in zip(a.rounds, b.rounds, strict=True)]))
+    def step_ratio(self, a: VariantResult, b: VariantResult) -> float:
+        """Median step time of `a` / that of `b`: the ratio of the medians printed beside it (both timed in the
+        same interleaved rounds)."""
+        return a.step.median / b.step.median
 
     def best(self, variants: Sequence[str]) -> VariantResult | None:
         """The fastest of `variants`, judged by exposed communication: a paired, per-round difference, so a
@@ -110,7 +115,7 @@ class DDPBenchResult:
                 "exposed_pct": 100 * exposed / result.step.median if result.variant != "compute" else None,
                 "comm_alone_ms": result.comm_alone.median * 1e3 if result.comm_alone else None,
                 "overlap_pct": 100 * overlap if overlap is not None else None,
-                "vs_torch": self.paired_ratio(result, twin) if twin else None,
+                "vs_torch": self.step_ratio(result, twin) if twin else None,
                 "grads_MiB": result.synced_grads_MiB if result.variant != "compute" else None,
                 "check": "ok" if result.ok else f"MISMATCH {result.max_rel_error:.1e}",
             })
@@ -130,9 +135,9 @@ class DDPBenchResult:
             others = [self.torch_twin(best), self.best(["torch"]), *(self.best([v]) for v in BASELINES)]
             unique = {o.label: o for o in others if o is not None}
             for other in unique.values():
-                parts.append(f"{self.paired_ratio(best, other):.3f}x {other.label}")
-            lines.append(", ".join(parts) + f" (step time ratios: medians of per-round ratios over "
-                         f"{len(best.rounds)} rounds; best = least exposed communication)")
+                parts.append(f"{self.step_ratio(best, other):.3f}x {other.label}")
+            lines.append(", ".join(parts) + f" (ratios of the median step times over {len(best.rounds)} "
+                         f"interleaved rounds; best = least exposed communication)")
         s_mib = self.grad_bytes / MiB
         bstar = self.bstar_bytes()
         if math.isfinite(bstar):

@@ -5,9 +5,11 @@ Derived figures (formulas visible on purpose):
 - a step's time is the SLOWEST rank's time in that round (ranks start each step together);
 - exposed communication = median over rounds of (step - compute-only step of the same round), and its
   fraction of the median step;
-- overlap = 1 - exposed / median(communication alone): 1 means every byte hid behind backward, 0 means
-  none did, below 0 means the variant costs more than its communication (copies, hooks, contention);
-- variants are compared by the median of per-round ratios (the same round: same noise for both);
+- overlap = hidden / median(communication alone), hidden = median(communication alone) - exposed kept within
+  [0, communication alone]: 1 means every byte hid behind backward, 0 means none did (a variant that costs more
+  than its communication, through copies, hooks or contention, hid none: the excess shows in the exposed time);
+- variants are compared by the ratio of their median step times (timed in the same interleaved rounds), the
+  medians printed beside it;
 - alpha-beta fit of all-reduce time t(n) = alpha + n / w over several sizes n (`collectives.alpha_beta`), and the
   bucket size that minimises the exposed overhead s/(n_b·w) + n_b·alpha of n_b buckets for s
   bytes of gradients: n_b* = sqrt(s / (w·alpha)), b* = s / n_b* = sqrt(s·w·alpha).

@@ -12,6 +12,9 @@
 | other | the rest: file and pipe I/O, ioctl, timers, ... |
 
 Bytes: what a send, receive or copy returned (bytes moved); what mmap and mremap mapped (their length).
+sendmmsg and recvmmsg return a count of messages, not bytes: their bytes are the messages' `msg_len` where
+strace printed them (`-e abbrev=none`), else unknown and not counted (the tally's `-s 0` prints the message
+array as `[...]`: printing it whole would multiply the trace of a packet-rate run).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ _ALWAYS = {"sendmsg": "send", "sendto": "send", "sendmmsg": "send", "recvmsg": "
 _ON_SOCKET = {"write": "send", "writev": "send", "pwrite64": "send", "pwritev": "send", "pwritev2": "send",
               "read": "recv", "readv": "recv", "pread64": "recv", "preadv": "recv", "preadv2": "recv"}
 _FD = re.compile(r"^\d+<(socket|TCP|TCPv6|UDP|UDPv6|UNIX|NETLINK)[:>\[]")
+_MESSAGES = {"sendmmsg", "recvmmsg"}
+_MESSAGE_LENGTH = re.compile(r"\bmsg_len=(\d+)")
 _MAPPED_ARG = {"mmap": 1, "mremap": 2}
 """Which argument (0-based) holds the length a call maps."""
 
@@ -48,7 +53,11 @@ def syscall_kind(call: Syscall) -> str:
 def moved_bytes(call: Syscall, kind: str) -> int:
     """Bytes a send, receive or copy moved, or a mapping call mapped (0 otherwise or when the call failed)."""
     if kind in ("send", "recv", "copy"):
-        return call.ret if call.ret is not None and call.ret > 0 else 0
+        if call.ret is None or call.ret <= 0:
+            return 0
+        if call.name in _MESSAGES:  # a message count: the bytes are the printed message lengths, if any
+            return sum(int(n) for n in _MESSAGE_LENGTH.findall(call.args))
+        return call.ret
     index = _MAPPED_ARG.get(call.name)
     if index is None or call.error is not None:
         return 0

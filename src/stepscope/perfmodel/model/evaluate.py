@@ -163,10 +163,13 @@ class Prediction:
     """Matrix peak of one GPU in the workload's (16-bit for fp8) precision."""
     memory: Memory
     extras: dict[str, Any] = field(default_factory=dict)
+    seconds: float | None = None
+    """The step time as the evaluator sums it (the phases in ms, then / 1e3: what a search reports for the same
+    plan, to the last bit); None: the sum of `phases`."""
 
     @property
     def step_s(self) -> float:
-        return sum(self.phases.values())
+        return sum(self.phases.values()) if self.seconds is None else self.seconds
 
     @property
     def tokens_per_s(self) -> float:
@@ -212,7 +215,7 @@ def evaluate(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: Sy
                       breakdown={cause: out[f"{cause}_s"] for cause in CAUSES}, model_flops=out["model_flops"],
                       hardware_flops=out["hardware_flops"], peak_flops=peak, memory=memory,
                       extras={"layout": layout, "params_per_gpu": out["params_per_gpu"],
-                              "pace_stage": _stage_name(plan, int(out["pace_stage"]))})
+                              "pace_stage": _stage_name(plan, int(out["pace_stage"]))}, seconds=out["step_s"])
 
 
 def _stage_name(plan: ParallelPlan, index: int) -> str:

@@ -3,7 +3,9 @@
 1. Shapes: every (tp, pp, cp) whose product divides N, dp = N / (tp·pp·cp); crossed with every
    micro-batch and interleave value and, for a Mixture-of-Experts model, every expert-parallel size. The plan
    rules (`spec.plan.CONSTRAINTS`) are evaluated on these
-   arrays; each rule's count of excluded candidates is kept for `--explain`.
+   arrays in the table's order; for `--explain` each candidate is counted under the first rule it breaks (so the
+   counts and the evaluated candidates add up to the enumerated ones, and each rule's example is a candidate no
+   earlier rule rejected), and each rule's count of all the candidates breaking it is kept beside.
 2. The surviving shapes (sequence parallelism included) are expanded into groups — one per distinct
    placement of the tp/cp/dp/pp groups on rank numbers and per attention kind — and each group into its
    members, one per (ZeRO stage, recompute mode).
@@ -117,9 +119,10 @@ class SearchResult:
     """Candidates evaluated by the model (valid under every rule)."""
     feasible: int
     rejected: dict[str, int]
-    """Rule name -> candidates it excluded (a candidate can break several rules)."""
+    """Rule name -> candidates whose first broken rule (in `CONSTRAINTS` order) it is; the memory rule: evaluated
+    candidates that do not fit. These counts and `feasible` add up to `enumerated`."""
     examples: dict[str, str]
-    """Rule name -> the explanation for one excluded candidate."""
+    """Rule name -> the explanation for one candidate it rejected first (no earlier rule rejected it)."""
     enumerate_s: float
     evaluate_s: float
     closest: tuple[ParallelPlan, dict[str, float]] | None = None
@@ -127,6 +130,10 @@ class SearchResult:
     notes: list[str] = field(default_factory=list)
     workers: int = 1
     """Processes that evaluated the chunks."""
+    enumerated: int = 0
+    """Candidates of the search space: the rules' first rejections plus the evaluated ones."""
+    breaking: dict[str, int] = field(default_factory=dict)
+    """Rule name -> every enumerated candidate that breaks it, whatever else it breaks (they overlap)."""
 
     @property
     def seconds(self) -> float:
@@ -242,14 +249,18 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
         len(space.zero) * len(space.recompute) * len(space.flash_attention))
     valid = np.ones(len(key), dtype=bool)
     rejected: dict[str, int] = {}
+    breaking: dict[str, int] = {}
     examples: dict[str, str] = {}
     with np.errstate(divide="ignore", invalid="ignore"):
         for rule in CONSTRAINTS:
             ok = np.asarray(rule.test(rows, facts), dtype=bool)
             broken = ~ok
+            first = broken & valid  # no earlier rule rejected these
             if broken.any():
-                rejected[rule.name] = int(multiplicity[broken].sum())
-                examples[rule.name] = rule.message(rows.example(int(np.argmax(broken))), facts)
+                breaking[rule.name] = int(multiplicity[broken].sum())
+            if first.any():
+                rejected[rule.name] = int(multiplicity[first].sum())
+                examples[rule.name] = rule.message(rows.example(int(np.argmax(first))), facts)
             valid &= ok
     rows, key = rows.take(valid), key[valid]
     # candidates = groups (shape row, placement, attention kind) x (ZeRO stage, recompute mode): a group's
@@ -314,7 +325,7 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
             progress(evaluated, total)
     evaluate_s = time.perf_counter() - start
     if evaluated - feasible:
-        rejected[MEMORY_RULE] = evaluated - feasible
+        rejected[MEMORY_RULE] = breaking[MEMORY_RULE] = evaluated - feasible
     top = []
     if best:
         # ties (e.g. selective recompute with flash attention changes nothing, or two placements that put the
@@ -329,4 +340,5 @@ def search(spec: ModelSpec, workload: Workload, system: SystemSpec, gpus: int, s
         examples[MEMORY_RULE] = (f"the smallest plan needs {closest[0]:.1f} GiB per GPU of "
                                  f"{system.accelerator.capacity_bytes / 2**30:.1f} GiB")
     return SearchResult(top=top, evaluated=evaluated, feasible=feasible, rejected=rejected, examples=examples,
-                        enumerate_s=enumerate_s, evaluate_s=evaluate_s, closest=near, workers=workers)
+                        enumerate_s=enumerate_s, evaluate_s=evaluate_s, closest=near, workers=workers,
+                        enumerated=int(multiplicity.sum()), breaking=breaking)
