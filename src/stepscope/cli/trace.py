@@ -9,7 +9,6 @@ import sys
 from stepscope.cli.options import (
     add_config_option,
     add_output_options,
-    add_plot_options,
     one_value,
     positive_float,
     positive_int,
@@ -43,7 +42,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                        "calls (CUDA runtime), device activity (NCCL kernels by name), memory operations (memcpy / "
                        "memset), collectives by message size; the files side by side (records: trace-tally)")
     add_output_options(parser, resume=False)
-    add_plot_options(parser, "trace.png")
+    group = parser.add_argument_group("plot")
+    group.add_argument("--plot", default=None, help="draw a stacked bar per rank-step (GPU time by category and "
+                       "idle) to this PNG/SVG/PDF path (default: none; `stepscope report` plots the records)")
+    group.add_argument("--no-plot", action="store_true", help=argparse.SUPPRESS)  # the default since plots are asked
 
 
 def run(args: argparse.Namespace) -> int:

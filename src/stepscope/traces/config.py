@@ -19,7 +19,8 @@ class TraceConfig:
     """Files whose JSON text is larger than this are parsed as a stream (ijson): memory then grows with the number
     of kernels, not with the file. Smaller files are read whole with orjson, which is about twice as fast."""
     plot: str | None = None
-    """PNG/SVG/PDF path of the stacked bar per rank-step (None: `<out>/trace.png`; "" or no --out: no plot)."""
+    """PNG/SVG/PDF path of the stacked bar per rank-step, drawn only when asked (None or "": no plot; matplotlib
+    costs more than the analysis of a 15 MB trace, and `stepscope report` plots the records)."""
     system: str | None = None
     """System preset or TOML whose peaks the roofline is measured against (None: the preset whose accelerator has
     the trace's device name, else the published peaks table)."""

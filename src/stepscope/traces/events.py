@@ -1,11 +1,16 @@
-"""Decode the events of a Kineto trace into typed structs holding only the fields the analysis uses, a block of
-the file at a time, so memory stays bounded whatever the file's size.
+"""Decode the events of a Kineto trace into typed structs holding only the fields the analysis uses: a file of up
+to `WHOLE_BYTES` of JSON at once, a larger one a block at a time, so memory stays bounded whatever the file's size.
 
-msgspec decodes each block straight into `Event` structs and skips every other field without building it (a
-whole-file `orjson.loads` builds every dict and string of every event: about 8 bytes of Python objects per byte of
-JSON). The blocks are cut at event boundaries found with numpy: the structural characters `{ } [ ]` outside
-strings (a quote preceded by an odd number of backslashes is inside a string), depth counted from the
-`traceEvents` array. Metadata keys before the array are parsed from the head; keys after it from the tail.
+msgspec decodes straight into `Event` structs and skips every other field without building it (a whole-file
+`orjson.loads` builds every dict and string of every event: about 8 bytes of Python objects per byte of JSON). An
+op's shapes stay raw JSON bytes (`msgspec.Raw`): they are only a key until a new one needs its cost.
+
+Blocks are cut at the last event boundary, guessed as the last `},` followed by `{` (Kineto writes `},\\n  {`
+between events) and proven by decoding: a cut inside a string or a nested object leaves unbalanced quotes or braces,
+which no JSON list decodes. Where the guess fails, and in the last block (where the array closes), the boundaries
+are found exactly with numpy: the structural characters `{ } [ ]` outside strings (a quote preceded by an odd
+number of backslashes is inside a string), depth counted from the `traceEvents` array. Metadata keys before the
+array are parsed from the head; keys after it from the tail.
 """
 
 from __future__ import annotations
@@ -16,20 +21,28 @@ from typing import Any, BinaryIO
 import msgspec
 import numpy as np
 
+WHOLE_BYTES = 64 << 20
+"""Files of up to this much JSON are decoded in one piece (no block boundaries to find); larger ones by blocks."""
 BLOCK_BYTES = 1 << 24
-"""Bytes read and decoded at a time (16 MiB: the peak holds about two blocks and their structs)."""
+"""Bytes read and decoded at a time above `WHOLE_BYTES` (16 MiB: the peak holds about two blocks and their
+structs)."""
 ARRAY_KEY = b'"traceEvents"'
+META_KEYS = ("distributedInfo", "deviceProperties")
+"""The top-level keys the analysis reads (rank and world size; the device's name)."""
+NO_RAW = msgspec.Raw(b"")
+GUESSES = 3
+"""Guessed cuts tried per block before the exact search."""
 
 
-class Args(msgspec.Struct):
+class Args(msgspec.Struct, gc=False):
     """The `args` fields the analysis reads (Kineto's names). Loosely typed: a malformed value is the reader's
-    to refuse or skip (`read._int64`), never a failed decode of the whole block."""
+    to refuse or skip (`columns.int64`), never a failed decode of the whole block."""
 
     stream: Any = None
     correlation: Any = None
-    dims: Any = msgspec.field(default=None, name="Input Dims")
-    types: Any = msgspec.field(default=None, name="Input type")
-    concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
+    dims: msgspec.Raw = msgspec.field(default=NO_RAW, name="Input Dims")
+    types: msgspec.Raw = msgspec.field(default=NO_RAW, name="Input type")
+    concrete: msgspec.Raw = msgspec.field(default=NO_RAW, name="Concrete Inputs")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     group_size: Any = msgspec.field(default=None, name="Group size")
     dtype: Any = None
@@ -37,7 +50,7 @@ class Args(msgspec.Struct):
     wait_on_record: Any = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
 
 
-class Event(msgspec.Struct):
+class Event(msgspec.Struct, gc=False):
     """One trace event: only what the analysis reads."""
 
     ph: Any = None
@@ -49,8 +62,105 @@ class Event(msgspec.Struct):
     args: Args | None = None
 
 
-_DECODER = msgspec.json.Decoder(list[Event])
+class _Document(msgspec.Struct):
+    traceEvents: list[Event]
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+
+
+_EVENTS = msgspec.json.Decoder(list[Event])
+_DOCUMENT = msgspec.json.Decoder(_Document)
 _OPEN, _CLOSE, _OPEN_LIST, _CLOSE_LIST, _QUOTE, _BACKSLASH = 123, 125, 91, 93, 34, 92
+
+
+def raw_value(raw: msgspec.Raw) -> Any:
+    """The JSON value of a raw field (None where the event has none)."""
+    return msgspec.json.decode(raw) if len(raw) else None
+
+
+def iter_events(handle: BinaryIO, meta: dict[str, Any]) -> Iterator[list[Event]]:
+    """Lists of events, the whole file's or a block's at a time; `meta` receives the top-level `META_KEYS`.
+    ValueError for a file that is not a complete `{"traceEvents": [...]}` document."""
+    head = handle.read(WHOLE_BYTES + 1)
+    if len(head) <= WHOLE_BYTES:
+        yield _whole(head, meta)
+        return
+    yield from _blocks(handle, head, meta)
+
+
+def _whole(text: bytes, meta: dict[str, Any]) -> list[Event]:
+    try:
+        document = _DOCUMENT.decode(text)
+    except msgspec.ValidationError as error:  # JSON, but not a trace: no traceEvents list at the top
+        if str(error).endswith("at `$`") or "`traceEvents`" in str(error).split(" - at ")[0]:
+            raise ValueError("no traceEvents list") from None
+        raise
+    meta.update({k: getattr(document, k) for k in META_KEYS if getattr(document, k) is not None})
+    return document.traceEvents
+
+
+def _blocks(handle: BinaryIO, head: bytes, meta: dict[str, Any]) -> Iterator[list[Event]]:
+    while (at := head.find(ARRAY_KEY)) < 0:
+        more = handle.read(BLOCK_BYTES)
+        if not more:
+            raise ValueError("no traceEvents")
+        head += more
+    bracket = head.find(b"[", at + len(ARRAY_KEY))
+    while bracket < 0:
+        more = handle.read(BLOCK_BYTES)
+        if not more:
+            raise ValueError("no traceEvents list")
+        head += more
+        bracket = head.find(b"[", at + len(ARRAY_KEY))
+    if head[at + len(ARRAY_KEY):bracket].strip() != b":":
+        raise ValueError("traceEvents is not a list")
+    before = head[:at].strip().rstrip(b",")
+    if before.strip() != b"{":
+        _keep_meta(meta, before + b"}")
+    block = head[bracket + 1:]
+    while True:
+        more = handle.read(BLOCK_BYTES)
+        block += more
+        if more:  # not the last block: the array goes on after it, a guessed cut is enough
+            events, end = _guessed_cut(block)
+            if events is not None:
+                yield events
+                block = block[end + 1:]
+                continue
+        end, close = split_events(block)
+        if end >= 0:
+            yield _decode(block[:end + 1])
+        if close >= 0:
+            rest = (block[close + 1:] + handle.read()).strip()
+            if not rest.endswith(b"}"):
+                raise ValueError("incomplete JSON")
+            if rest.startswith(b","):
+                _keep_meta(meta, b"{" + rest[1:])
+            return
+        if not more:
+            raise ValueError("incomplete JSON")
+        block = block[end + 1:] if end >= 0 else block
+
+
+def _decode(events: bytes) -> list[Event]:
+    return _EVENTS.decode(b"[" + events.lstrip(b", \t\r\n") + b"]")
+
+
+def _guessed_cut(block: bytes) -> tuple[list[Event] | None, int]:
+    """The events before the last `},` + `{` of the block that decode as a list, and where they end (None, -1:
+    no guess decoded)."""
+    end = len(block)
+    for _ in range(GUESSES):
+        end = block.rfind(b"},", 0, end)
+        if end < 0:
+            break
+        if block[end + 2:end + 66].lstrip()[:1] != b"{":
+            continue
+        try:
+            return _decode(block[:end + 1]), end
+        except msgspec.DecodeError:
+            continue
+    return None, -1
 
 
 def _quotes(data: np.ndarray) -> np.ndarray:
@@ -86,49 +196,8 @@ def split_events(block: bytes) -> tuple[int, int]:
     return (int(ends[-1]) if len(ends) else -1), close
 
 
-def iter_events(handle: BinaryIO, meta: dict[str, Any]) -> Iterator[list[Event]]:
-    """Lists of events, a block at a time; `meta` receives the top-level keys other than the events. ValueError for
-    a file that is not a complete `{"traceEvents": [...]}` document."""
-    head = b""
-    while (at := head.find(ARRAY_KEY)) < 0:
-        more = handle.read(BLOCK_BYTES)
-        if not more:
-            raise ValueError("no traceEvents")
-        head += more
-    bracket = head.find(b"[", at + len(ARRAY_KEY))
-    while bracket < 0:
-        more = handle.read(BLOCK_BYTES)
-        if not more:
-            raise ValueError("no traceEvents list")
-        head += more
-        bracket = head.find(b"[", at + len(ARRAY_KEY))
-    if head[at + len(ARRAY_KEY):bracket].strip() != b":":
-        raise ValueError("traceEvents is not a list")
-    before = head[:at].strip().rstrip(b",")
-    if before.strip() != b"{":
-        meta.update(_object(before + b"}"))
-    carry = head[bracket + 1:]
-    while True:
-        more = handle.read(BLOCK_BYTES)
-        block = carry + more
-        end, close = split_events(block)
-        if end >= 0:
-            yield _DECODER.decode(b"[" + block[:end + 1].lstrip(b", \t\r\n") + b"]")
-        if close >= 0:
-            tail = block[close + 1:] + handle.read()
-            rest = tail.strip()
-            if not rest.endswith(b"}"):
-                raise ValueError("incomplete JSON")
-            if rest.startswith(b","):
-                meta.update(_object(b"{" + rest[1:]))
-            return
-        if not more:
-            raise ValueError("incomplete JSON")
-        carry = block[end + 1:] if end >= 0 else block
-
-
-def _object(text: bytes) -> dict[str, Any]:
+def _keep_meta(meta: dict[str, Any], text: bytes) -> None:
     value = msgspec.json.decode(text)
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
-    return value
+    meta.update({k: value[k] for k in META_KEYS if k in value})

@@ -37,7 +37,6 @@ from stepscope.traces.records import (
 )
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-PLOT_NAME = "trace.png"
 OnProgress = Callable[[int, int], None]
 """Told (bytes read, bytes in all files) as the files are read."""
 
@@ -107,10 +106,10 @@ class TraceOutcome:
 def run_trace(config: TraceConfig, out: str | os.PathLike | None = None,
               on_progress: OnProgress | None = None) -> TraceOutcome:
     """Analyse the traces of `config.paths` (one file per rank of one job) and append their `trace` records to
-    `<out>/trace.jsonl` and the plot to `config.plot` (default `<out>/trace.png`); out=None writes neither."""
+    `<out>/trace.jsonl` (out=None: none) and the plot to `config.plot` when given."""
     files = trace_files(config.paths)
     check_system(config.system)
-    plot = _plot_path(config, out)
+    plot = Path(config.plot) if config.plot else None
     if out is not None:
         check_results_folder(out)
     if plot is not None:
@@ -139,10 +138,3 @@ def run_trace(config: TraceConfig, out: str | os.PathLike | None = None,
         outcome.plot = plot_steps(ranks, plot)
     return outcome
 
-
-def _plot_path(config: TraceConfig, out: str | os.PathLike | None) -> Path | None:
-    if config.plot == "":
-        return None
-    if config.plot is not None:
-        return Path(config.plot)
-    return None if out is None else Path(out) / PLOT_NAME
