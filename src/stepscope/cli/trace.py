@@ -9,6 +9,7 @@ import sys
 from stepscope.cli.options import (
     add_config_option,
     add_output_options,
+    non_negative_int,
     one_value,
     positive_float,
     positive_int,
@@ -33,6 +34,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add_config_option(group, TraceConfig, "--top", "rows of the top-kernels and top-CPU-ops tables")
     add_config_option(group, TraceConfig, "--stream-above-MiB", "parse larger files as a stream (memory grows with "
                       "the number of kernels, not the file)", field="stream_above_MiB")
+    add_config_option(group, TraceConfig, "--workers", "worker processes reading the rank files in parallel (0: one "
+                      "per core, at most one per file)")
     add_config_option(group, TraceConfig, "--launch-bound-share", "a step is launch-bound when more than this share "
                       "of its kernels took longer to launch than to run")
     add_config_option(group, TraceConfig, "--system", "system preset or TOML whose peaks the roofline measures "
@@ -56,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
                          stream_above_MiB=one_value(args.stream_above_MiB, positive_float, "--stream-above-MiB"),
                          launch_bound_share=one_value(args.launch_bound_share, positive_float,
                                                       "--launch-bound-share"),
-                         plot="" if args.no_plot else args.plot, system=args.system)
+                         plot="" if args.no_plot else args.plot, system=args.system,
+                         workers=one_value(args.workers, non_negative_int, "--workers"))
     if args.tally:
         return _run_tally(config, args)
     bar = ProgressBar("reading traces", unit="bytes", wanted=lambda total: args.progress or (
@@ -85,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
     if paths:
         printer.emit(paths, title="critical path per rank-step: from the step's CPU start to its last GPU end, ms "
                                   "per category on the path and what bounds it")
+    if outcome.paths:
+        printer.emit(outcome.job_path_rows(), title="critical path per step across ranks: at each collective the "
+                                                    "latest rank's work, then the transfer; the rank that set most")
     roofline = outcome.roofline_rows()
     if roofline:
         printer.emit(roofline, title=f"roofline: top {config.top} ops by GPU time (shapes recorded), achieved "

@@ -182,7 +182,8 @@ def analyze(trace: RankTrace, top: int = 10, system: str | None = None) -> RankA
                         top_kernels=_top_kernels(names, category_of, trace.gpu_name, dur, top),
                         top_cpu_ops=_top_cpu_ops(trace.cpu_ops, top), roofline=roofline(trace),
                         peaks=device_peaks(trace.device_name, system), shapes=trace.shapes,
-                        critical_path=critical_path(trace, category_of, anchor),
+                        critical_path=critical_path(trace, category_of, anchor,
+                                                    [collective_kind(n) for n in names], types == COMM),
                         collective_sizes=_collective_sizes(trace))
 
 

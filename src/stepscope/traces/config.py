@@ -24,10 +24,15 @@ class TraceConfig:
     system: str | None = None
     """System preset or TOML whose peaks the roofline is measured against (None: the preset whose accelerator has
     the trace's device name, else the published peaks table)."""
+    workers: int = 0
+    """Worker processes that read and analyse the rank files in parallel (0: one per usable core, at most one per
+    file; 1: in this process, one file after another)."""
     launch_bound_share: float = 0.5
     """A step is launch-bound when more than this share of its kernels took longer to launch on the CPU than to
     run on the GPU (the GPU then waits for the CPU)."""
 
     def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise UsageError(f"--workers must be 0 (one per core) or more, got {self.workers}")
         if not 0.0 <= self.launch_bound_share < 1.0:  # 1 or more: no step could ever be launch-bound
             raise UsageError(f"--launch-bound-share must be at least 0 and below 1, got {self.launch_bound_share:g}")

@@ -14,6 +14,12 @@ the step's CPU start and its last GPU end is counted once, so the categories add
 
 A CPU trace (stepscope's own `profile --trace`) has no launches: its top-level ops follow one another on their
 thread, and the gaps between them are `gpu idle` (host time outside any op).
+
+For the path across ranks (`traces/critical_path_ranks.py`) each step is also cut at its collectives (the
+communication kernels of a `SYNCHRONISING` kind it launched, in launch order): before collective i, the rank's arrival gap, from the end of
+collective i−1 (the first: from the step's CPU start) to the start of collective i, and the categories of the path
+walked back from that start to that floor; then the collective's duration; after the last one, the tail to the
+step's last GPU end, walked the same way.
 """
 
 from __future__ import annotations
@@ -26,8 +32,27 @@ import numpy as np
 from stepscope.traces.read import RankTrace
 
 CPU, IDLE = "cpu", "gpu idle"
+SYNCHRONISING = frozenset(("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
+                           "gather", "scatter"))
+"""Collectives every rank of a group leaves together (a point-to-point send or receive only pairs two ranks, and a
+kernel of unknown kind says nothing): the ones a step is cut at."""
 BLOCKING = re.compile(r"Synchronize|^(cuda|hip)Memcpy(2D)?$")
 """Runtime calls that block the CPU thread until the GPU has done the work before them."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The part of a rank's step before one of its collectives (or after the last one: `kind` None)."""
+
+    kind: str | None
+    """The collective that ends the segment (`all_reduce`, ...; None: the tail after the last collective)."""
+    gap_us: float
+    """From the end of the previous collective (or the step's CPU start) to this collective's start (the tail: to
+    the step's last GPU end); 0 where the collective started before the previous one ended."""
+    duration_us: float
+    """The collective kernel's duration (0 for the tail)."""
+    categories: dict[str, float]
+    """µs per category of the path through the gap."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +62,8 @@ class StepPath:
     step: int
     path_ms: float
     categories: dict[str, float]
+    segments: tuple[Segment, ...] = ()
+    """The step cut at its collectives, the tail last (see the module docstring)."""
 
     @property
     def bound_by(self) -> str:
@@ -51,8 +78,10 @@ class StepPath:
                 "gpu_idle_pct": 100 * self.categories.get(IDLE, 0.0) / total}
 
 
-def critical_path(trace: RankTrace, category_of: list[str], anchor: np.ndarray) -> list[StepPath]:
-    """One StepPath per step of the trace (none without ProfilerStep ranges)."""
+def critical_path(trace: RankTrace, category_of: list[str], anchor: np.ndarray, collective: list[str | None],
+                  is_comm: np.ndarray) -> list[StepPath]:
+    """One StepPath per step of the trace (none without ProfilerStep ranges); `collective` is the kind of each GPU
+    event name, `is_comm` marks the communication kernels."""
     if not trace.steps or not len(trace.gpu_ts):
         return []
     graph = _Graph(trace, category_of)
@@ -63,9 +92,28 @@ def critical_path(trace: RankTrace, category_of: list[str], anchor: np.ndarray) 
         if not len(mine):
             continue
         last = int(mine[np.argmax(ends[mine])])
+        comm = mine[is_comm[mine]]
+        comm = [i for i in comm[np.argsort(anchor[comm], kind="stable")].tolist()  # launch order
+                if collective[trace.gpu_name[i]] in SYNCHRONISING]
         out.append(StepPath(number, (graph.end[last] - cpu_start) / 1e3,
-                            {c: us / 1e3 for c, us in graph.walk(last, cpu_start).items() if us > 0}))
+                            {c: us / 1e3 for c, us in graph.walk(last, cpu_start).items() if us > 0},
+                            _segments(graph, comm, last, cpu_start, trace, collective)))
     return out
+
+
+def _segments(graph: _Graph, comm: list[int], last: int, floor: float, trace: RankTrace,
+              collective: list[str | None]) -> tuple[Segment, ...]:
+    out = []
+    for event in comm:
+        start = graph.start[event]
+        spent = graph.walk(event, floor, from_start=True) if start > floor else {}
+        out.append(Segment(collective[trace.gpu_name[event]], max(start - floor, 0.0),
+                           graph.end[event] - start, {c: us for c, us in spent.items() if us > 0}))
+        floor = max(floor, graph.end[event])
+    end = graph.end[last]
+    spent = graph.walk(last, floor) if end > floor else {}
+    out.append(Segment(None, max(end - floor, 0.0), 0.0, {c: us for c, us in spent.items() if us > 0}))
+    return tuple(out)
 
 
 GPU, CALL = 0, 1
@@ -133,7 +181,7 @@ class _Graph:
             return before.tolist(), waited_for.tolist()
         is_blocking = np.array([bool(BLOCKING.search(name)) for name in trace.launch_names], bool)
         calls = np.flatnonzero(is_blocking[trace.launch_name])
-        for tid in np.unique(trace.launch_tid[calls]).tolist():
+        for tid in sorted(set(trace.launch_tid[calls].tolist())):
             mine = calls[trace.launch_tid[calls] == tid]
             mine = mine[np.argsort(call_end[mine], kind="stable")]
             rows = np.flatnonzero(trace.launch_tid == tid)
@@ -146,9 +194,10 @@ class _Graph:
         waited_for[calls[ok]] = event[ok]
         return before.tolist(), waited_for.tolist()
 
-    def walk(self, node: int, floor: float) -> dict[str, float]:
-        """µs per category of the path from the end of GPU event `node` back to `floor`."""
-        path = _Path(self.end[node], floor)
+    def walk(self, node: int, floor: float, from_start: bool = False) -> dict[str, float]:
+        """µs per category of the path from the end of GPU event `node` (`from_start`: from its start, the event
+        itself left out) back to `floor`."""
+        path = _Path(self.start[node] if from_start else self.end[node], floor)
         for _ in range(len(self.start) + 16):
             if path.frontier <= floor:
                 break

@@ -130,9 +130,8 @@ def _finish(path: Path, meta: dict[str, Any], columns: Columns) -> RankTrace:
         g_stream = np.zeros(len(g_ts), np.int64)
         g_corr = np.full(len(g_ts), -1, np.int64)
     l_corr, l_ts, l_dur, l_tid, l_host = _joined(columns.launch, (np.int64, np.float64, np.float64, np.int64, np.int64))
-    # the runtime calls' names, in the order they were first seen
-    seen, first = np.unique(l_host, return_index=True)
-    order = seen[np.argsort(first)]
+    # the runtime calls' names, in the order they were first seen (a dict, not np.unique: that imports numpy.ma)
+    order = np.array(list(dict.fromkeys(l_host.tolist())), np.int64)
     launch_code = np.full(len(host_names), -1, np.int64)
     launch_code[order] = np.arange(len(order))
     o_key, o_tid, o_ts, o_dur = _joined(columns.ops, (np.int64, np.int64, np.float64, np.float64))

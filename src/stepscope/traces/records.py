@@ -2,7 +2,9 @@
 
 One record kind, `trace`, whose config field `record` says what it is: `rank` (the whole trace, HTA's numbers),
 `step` (one rank-step), `category` (one category of one rank-step), `collective`, `straggler` (one step across
-ranks), `kernel` and `cpu_op` (the top ones of a rank). `compare` reads the `step` records as measured steps.
+ranks), `kernel` and `cpu_op` (the top ones of a rank), `roofline` and `roofline_total`, `collective_size`,
+`critical_path` (one rank-step) and `job_critical_path` (one step across ranks). `compare` reads the `step` records
+as measured steps.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 from stepscope.measure.categories import CATEGORIES
 from stepscope.traces.analyze import RankAnalysis, Window
+from stepscope.traces.critical_path_ranks import JobStepPath
 from stepscope.traces.ranks import StepAcrossRanks
 from stepscope.traces.roofline import totals
 
@@ -88,8 +91,14 @@ def critical_path_rows(ranks: list[RankAnalysis]) -> list[dict[str, Any]]:
     return rows
 
 
-def build_records(ranks: list[RankAnalysis], steps: list[StepAcrossRanks],
-                  launch_bound_share: float) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def job_path_rows(paths: list[JobStepPath]) -> list[dict[str, Any]]:
+    """Per step across ranks: the path's length, what bounds it, the rank whose work set most of it, ms per
+    category."""
+    return [path.row() for path in paths]
+
+
+def build_records(ranks: list[RankAnalysis], steps: list[StepAcrossRanks], launch_bound_share: float,
+                  paths: list[JobStepPath] = ()) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(config, metrics) of every record, in the order they are written."""
     out: list[tuple[dict[str, Any], dict[str, Any]]] = []
     files = sorted(str(r.path) for r in ranks)
@@ -127,18 +136,19 @@ def build_records(ranks: list[RankAnalysis], steps: list[StepAcrossRanks],
             out.append(({"record": "collective_size", **base, **{k: row[k] for k in ("collective", "bytes",
                                                                                          "group_size")}},
                         {k: row[k] for k in ("calls", "total_us", "mean_us")}))
-        for row in rank.collective_sizes:
-            out.append(({"record": "collective_size", **base, **{k: row[k] for k in ("collective", "bytes",
-                                                                                         "group_size")}},
-                        {k: row[k] for k in ("calls", "total_us", "mean_us")}))
         for path in rank.critical_path:
             out.append(({"record": "critical_path", **base, "step": path.step},
                         {**path.metrics(), **{f"{c.replace(' ', '_')}_ms": ms for c, ms in path.categories.items()}}))
         for row in rank.top_cpu_ops:
             out.append(({"record": "cpu_op", **base, "cpu_op": row["cpu_op"]},
                         {k: v for k, v in row.items() if k != "cpu_op"}))
+    world = ranks[0].world_size or len(ranks)
     for step in steps:
         row = step.row()
-        out.append(({"record": "straggler", "files": files, "world_size": ranks[0].world_size or len(ranks),
-                     "step": step.step}, {k: v for k, v in row.items() if k != "step"}))
+        out.append(({"record": "straggler", "files": files, "world_size": world, "step": step.step},
+                    {k: v for k, v in row.items() if k != "step"}))
+    for path in paths:
+        row = path.row()
+        out.append(({"record": "job_critical_path", "files": files, "job": job, "world_size": world,
+                     "step": path.step}, {k: v for k, v in row.items() if k != "step"}))
     return out
