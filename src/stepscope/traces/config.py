@@ -25,8 +25,8 @@ class TraceConfig:
     """System preset or TOML whose peaks the roofline is measured against (None: the preset whose accelerator has
     the trace's device name, else the published peaks table)."""
     workers: int = 0
-    """Worker processes that read and analyse the rank files in parallel (0: one per usable core, at most one per
-    file; 1: in this process, one file after another)."""
+    """Worker processes that read and analyse the rank files in parallel, or decode the blocks of one large file (0:
+    one per usable core, at most one per file; 1: everything in this process, one file after another)."""
     launch_bound_share: float = 0.5
     """A step is launch-bound when more than this share of its kernels took longer to launch on the CPU than to
     run on the GPU (the GPU then waits for the CPU)."""

@@ -16,10 +16,10 @@ A CPU trace (stepscope's own `profile --trace`) has no launches: its top-level o
 thread, and the gaps between them are `gpu idle` (host time outside any op).
 
 For the path across ranks (`traces/critical_path_ranks.py`) each step is also cut at its collectives (the
-communication kernels of a `SYNCHRONISING` kind it launched, in launch order): before collective i, the rank's arrival gap, from the end of
-collective i−1 (the first: from the step's CPU start) to the start of collective i, and the categories of the path
-walked back from that start to that floor; then the collective's duration; after the last one, the tail to the
-step's last GPU end, walked the same way.
+communication kernels of a `SYNCHRONISING` kind it launched, in launch order): before collective i, the rank's
+arrival gap, from the end of collective i−1 (the first: from the step's CPU start) to the start of collective i,
+and the categories of the path walked back from that start to that floor; then the collective's duration; after
+the last one, the tail to the step's last GPU end, walked the same way.
 """
 
 from __future__ import annotations
@@ -95,9 +95,11 @@ def critical_path(trace: RankTrace, category_of: list[str], anchor: np.ndarray, 
         comm = mine[is_comm[mine]]
         comm = [i for i in comm[np.argsort(anchor[comm], kind="stable")].tolist()  # launch order
                 if collective[trace.gpu_name[i]] in SYNCHRONISING]
-        out.append(StepPath(number, (graph.end[last] - cpu_start) / 1e3,
-                            {c: us / 1e3 for c, us in graph.walk(last, cpu_start).items() if us > 0},
-                            _segments(graph, comm, last, cpu_start, trace, collective)))
+        spent = {c: us for c, us in graph.walk(last, cpu_start).items() if us > 0}
+        segments = _segments(graph, comm, last, cpu_start, trace, collective) if comm else \
+            (Segment(None, graph.end[last] - cpu_start, 0.0, spent),)  # no collective: the tail is the path
+        out.append(StepPath(number, (graph.end[last] - cpu_start) / 1e3, {c: us / 1e3 for c, us in spent.items()},
+                            segments))
     return out
 
 

@@ -16,7 +16,7 @@ array are parsed from the head; keys after it from the tail.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Annotated, Any, BinaryIO
 
 import msgspec
 import numpy as np
@@ -34,10 +34,38 @@ GUESSES = 3
 """Guessed cuts tried per block before the exact search."""
 
 
-class Args(msgspec.Struct, gc=False):
-    """The `args` fields the analysis reads (Kineto's names). Loosely typed: a malformed value is the reader's
-    to refuse or skip (`columns.int64`), never a failed decode of the whole block."""
+Int64 = Annotated[int, msgspec.Meta(ge=-2**63, le=2**63 - 1)]
 
+
+class Args(msgspec.Struct, gc=False):
+    """The `args` fields the analysis reads (Kineto's names)."""
+
+    stream: Int64 | None = None
+    correlation: Int64 | None = None
+    dims: msgspec.Raw = msgspec.field(default=NO_RAW, name="Input Dims")
+    types: msgspec.Raw = msgspec.field(default=NO_RAW, name="Input type")
+    concrete: msgspec.Raw = msgspec.field(default=NO_RAW, name="Concrete Inputs")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    dtype: Any = None
+    wait_on_stream: Any = None
+    wait_on_record: Any = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
+
+
+class Event(msgspec.Struct, gc=False):
+    """One trace event: only what the analysis reads, of the types Kineto writes. A block where some event has
+    other types is decoded loosely (`_LooseEvent`) and made into these (`_clean`)."""
+
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    ts: float = 0.0
+    dur: float | None = None
+    tid: Any = 0
+    args: Args | None = None
+
+
+class _LooseArgs(msgspec.Struct, gc=False):
     stream: Any = None
     correlation: Any = None
     dims: msgspec.Raw = msgspec.field(default=NO_RAW, name="Input Dims")
@@ -50,16 +78,14 @@ class Args(msgspec.Struct, gc=False):
     wait_on_record: Any = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
 
 
-class Event(msgspec.Struct, gc=False):
-    """One trace event: only what the analysis reads."""
-
+class _LooseEvent(msgspec.Struct, gc=False):
     ph: Any = None
     cat: Any = None
     name: Any = ""
     ts: Any = 0.0
     dur: Any = None
     tid: Any = 0
-    args: Args | None = None
+    args: _LooseArgs | None = None
 
 
 class _Document(msgspec.Struct):
@@ -68,9 +94,54 @@ class _Document(msgspec.Struct):
     deviceProperties: Any = None
 
 
-_EVENTS = msgspec.json.Decoder(list[Event])
-_DOCUMENT = msgspec.json.Decoder(_Document)
+class _LooseDocument(msgspec.Struct):
+    traceEvents: list[_LooseEvent]
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+
+
+_EVENTS, _LOOSE = msgspec.json.Decoder(list[Event]), msgspec.json.Decoder(list[_LooseEvent])
+_DOCUMENT, _LOOSE_DOCUMENT = msgspec.json.Decoder(_Document), msgspec.json.Decoder(_LooseDocument)
 _OPEN, _CLOSE, _OPEN_LIST, _CLOSE_LIST, _QUOTE, _BACKSLASH = 123, 125, 91, 93, 34, 92
+_SKIPPED = Event()
+"""Stands for an event the analysis cannot use (a timestamp that is no number ...), so the events still count."""
+
+
+def int64(value: Any, default: int | None = None) -> int | None:
+    """`value` as a signed 64-bit integer (an unsigned 64-bit one wraps, as the C++ that wrote it meant: 2^64 − 1
+    is −1), or `default` when it is not a number or does not fit."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+    if 2**63 <= number < 2**64:
+        number -= 2**64
+    return number if -2**63 <= number < 2**63 else default
+
+
+def decode_events(text: bytes) -> list[Event]:
+    """The events of a JSON list (msgspec.DecodeError: it is not one)."""
+    try:
+        return _EVENTS.decode(text)
+    except msgspec.ValidationError:
+        return _clean(_LOOSE.decode(text))
+
+
+def _clean(events: list[_LooseEvent]) -> list[Event]:
+    """Loosely decoded events as `Event`s: a complete event whose times are no numbers is `_SKIPPED`; a name that
+    is no text becomes one; a stream or correlation id becomes a 64-bit integer (None: not a number)."""
+    out = []
+    for e in events:
+        if e.ph != "X" or e.dur is None or e.ts.__class__ not in (int, float) or e.dur.__class__ not in (int, float):
+            out.append(_SKIPPED)
+            continue
+        a = e.args
+        args = None if a is None else Args(
+            None if a.stream is None else int64(a.stream), None if a.correlation is None else int64(a.correlation, -1),
+            a.dims, a.types, a.concrete, a.in_nelems, a.group_size, a.dtype, a.wait_on_stream, a.wait_on_record)
+        out.append(Event("X", e.cat if e.cat.__class__ is str else "", e.name if e.name.__class__ is str else
+                         "" if e.name is None else str(e.name), float(e.ts), float(e.dur), e.tid, args))
+    return out
 
 
 def raw_value(raw: msgspec.Raw) -> Any:
@@ -85,21 +156,70 @@ def iter_events(handle: BinaryIO, meta: dict[str, Any]) -> Iterator[list[Event]]
     if len(head) <= WHOLE_BYTES:
         yield _whole(head, meta)
         return
-    yield from _blocks(handle, head, meta)
+    yield from _pieces(handle, head, meta, prove=True)
+
+
+def iter_texts(handle: BinaryIO, meta: dict[str, Any]) -> Iterator[bytes]:
+    """The events as JSON lists (`[...]`) a block at a time, for workers to decode: cut at guessed boundaries left
+    unproven (a wrong guess makes a block that does not decode; `decode` then says so) and exactly in the last
+    block. ValueError for a file that is not a complete `{"traceEvents": [...]}` document."""
+    yield from _pieces(handle, handle.read(BLOCK_BYTES), meta, prove=False)
+
+
+def decode(text: bytes) -> list[Event] | None:
+    """The events of one of `iter_texts`'s lists (None: it is not one, a guessed cut was wrong)."""
+    try:
+        return decode_events(text)
+    except msgspec.DecodeError:
+        return None
 
 
 def _whole(text: bytes, meta: dict[str, Any]) -> list[Event]:
     try:
         document = _DOCUMENT.decode(text)
-    except msgspec.ValidationError as error:  # JSON, but not a trace: no traceEvents list at the top
-        if str(error).endswith("at `$`") or "`traceEvents`" in str(error).split(" - at ")[0]:
-            raise ValueError("no traceEvents list") from None
-        raise
+    except msgspec.ValidationError:
+        try:
+            document = _LOOSE_DOCUMENT.decode(text)
+        except msgspec.ValidationError as error:  # JSON, but not a trace: no traceEvents list at the top
+            if str(error).endswith("at `$`") or "`traceEvents`" in str(error).split(" - at ")[0]:
+                raise ValueError("no traceEvents list") from None
+            raise
+        document.traceEvents = _clean(document.traceEvents)
     meta.update({k: getattr(document, k) for k in META_KEYS if getattr(document, k) is not None})
     return document.traceEvents
 
 
-def _blocks(handle: BinaryIO, head: bytes, meta: dict[str, Any]) -> Iterator[list[Event]]:
+def _pieces(handle: BinaryIO, head: bytes, meta: dict[str, Any], prove: bool) -> Iterator[Any]:
+    """The events after `head` a block at a time: decoded lists (`prove`: each guessed cut proven by decoding)
+    or JSON texts (unproven guesses)."""
+    block = _array_start(handle, head, meta)
+    while True:
+        more = handle.read(BLOCK_BYTES)
+        block += more
+        if more:  # not the last block: the array goes on after it, a guessed cut is enough
+            end, events = _guessed_cut(block, prove)
+            if end >= 0:
+                yield events if prove else _listed(block, end)
+                block = block[end + 1:]
+                continue
+        end, close = split_events(block)
+        if end >= 0:
+            yield decode_events(_listed(block, end)) if prove else _listed(block, end)
+        if close >= 0:
+            rest = (block[close + 1:] + handle.read()).strip()
+            if not rest.endswith(b"}"):
+                raise ValueError("incomplete JSON")
+            if rest.startswith(b","):
+                _keep_meta(meta, b"{" + rest[1:])
+            return
+        if not more:
+            raise ValueError("incomplete JSON")
+        block = block[end + 1:] if end >= 0 else block
+
+
+def _array_start(handle: BinaryIO, head: bytes, meta: dict[str, Any]) -> bytes:
+    """What follows the `[` opening the traceEvents array (read on until it is found); the keys before it go to
+    `meta`."""
     while (at := head.find(ARRAY_KEY)) < 0:
         more = handle.read(BLOCK_BYTES)
         if not more:
@@ -117,38 +237,23 @@ def _blocks(handle: BinaryIO, head: bytes, meta: dict[str, Any]) -> Iterator[lis
     before = head[:at].strip().rstrip(b",")
     if before.strip() != b"{":
         _keep_meta(meta, before + b"}")
-    block = head[bracket + 1:]
-    while True:
-        more = handle.read(BLOCK_BYTES)
-        block += more
-        if more:  # not the last block: the array goes on after it, a guessed cut is enough
-            events, end = _guessed_cut(block)
-            if events is not None:
-                yield events
-                block = block[end + 1:]
-                continue
-        end, close = split_events(block)
-        if end >= 0:
-            yield _decode(block[:end + 1])
-        if close >= 0:
-            rest = (block[close + 1:] + handle.read()).strip()
-            if not rest.endswith(b"}"):
-                raise ValueError("incomplete JSON")
-            if rest.startswith(b","):
-                _keep_meta(meta, b"{" + rest[1:])
-            return
-        if not more:
-            raise ValueError("incomplete JSON")
-        block = block[end + 1:] if end >= 0 else block
+    return head[bracket + 1:]
 
 
-def _decode(events: bytes) -> list[Event]:
-    return _EVENTS.decode(b"[" + events.lstrip(b", \t\r\n") + b"]")
+_SEPARATORS = b", \t\r\n"
 
 
-def _guessed_cut(block: bytes) -> tuple[list[Event] | None, int]:
-    """The events before the last `},` + `{` of the block that decode as a list, and where they end (None, -1:
-    no guess decoded)."""
+def _listed(block: bytes, end: int) -> bytes:
+    """`[` + the block's events up to `end` (the leading comma and blanks left out) + `]`, copied once."""
+    start = 0
+    while start <= end and block[start] in _SEPARATORS:
+        start += 1
+    return b"".join((b"[", memoryview(block)[start:end + 1], b"]"))
+
+
+def _guessed_cut(block: bytes, prove: bool) -> tuple[int, list[Event] | None]:
+    """The end of the block's events (not the last block): the last `},` followed by `{`, tried from the end;
+    with `prove` only one whose events decode as a list, and those events. (−1, None): no guess."""
     end = len(block)
     for _ in range(GUESSES):
         end = block.rfind(b"},", 0, end)
@@ -156,11 +261,13 @@ def _guessed_cut(block: bytes) -> tuple[list[Event] | None, int]:
             break
         if block[end + 2:end + 66].lstrip()[:1] != b"{":
             continue
+        if not prove:
+            return end, None
         try:
-            return _decode(block[:end + 1]), end
+            return end, decode_events(_listed(block, end))
         except msgspec.DecodeError:
             continue
-    return None, -1
+    return -1, None
 
 
 def _quotes(data: np.ndarray) -> np.ndarray:

@@ -41,14 +41,14 @@ def device_peaks(device_name: str, system: str | None = None) -> DevicePeaks:
 
 @functools.lru_cache(maxsize=64)
 def _preset_peaks(device_name: str) -> DevicePeaks:
-    """The peaks of the preset of that device name, else the published table's (every preset is parsed to find
-    it: once per device name and process, not once per rank file)."""
-    from stepscope.spec.system import list_systems, load_system
+    """The peaks of the preset of that device name, else the published table's (once per device name and process,
+    not once per rank file)."""
+    from stepscope.spec.system import load_system, preset_of_device
 
-    for preset in list_systems():
+    preset = preset_of_device(device_name)
+    if preset is not None:
         spec = load_system(preset)
-        if spec.accelerator.name == device_name:
-            return _from_system(spec, f"preset {spec.name} (same device name)")
+        return _from_system(spec, f"preset {spec.name} (same device name)")
     from stepscope.measure.peaks import published_peak
 
     rates = {p: published_peak(device_name, p, tf32) for p, tf32 in (("bf16", False), ("fp16", False),

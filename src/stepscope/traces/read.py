@@ -13,7 +13,11 @@ from __future__ import annotations
 import gc
 import gzip
 import os
+import sys
 import zlib
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,10 +26,13 @@ import msgspec
 import numpy as np
 
 from stepscope.errors import UsageError
-from stepscope.traces.columns import STEPSCOPE_RANGE, Columns
-from stepscope.traces.events import iter_events
+from stepscope.traces import events
+from stepscope.traces.block import Block, read_block
+from stepscope.traces.columns import Columns
 from stepscope.traces.opcost import OpCost
-from stepscope.traces.read_dicts import CountingReader, Progress
+from stepscope.traces.read_dicts import CountingReader, Progress, text_size
+
+STEPSCOPE_RANGE = "stepscope."
 
 
 @dataclass
@@ -91,18 +98,24 @@ class RankTrace:
         return self.device
 
 
-def read_trace(path: str | os.PathLike, progress: Progress | None = None) -> RankTrace:
-    """One trace file as a RankTrace; UsageError (one line) for a file that is not a complete trace."""
+def read_trace(path: str | os.PathLike, progress: Progress | None = None, workers: int = 1) -> RankTrace:
+    """One trace file as a RankTrace; UsageError (one line) for a file that is not a complete trace. A file of more
+    than `events.WHOLE_BYTES` of JSON is decoded by `workers` processes, a block each at a time, when `workers` > 1
+    (the blocks are merged in file order; a block whose guessed cut was wrong makes the file be read again here,
+    its cuts proven one by one)."""
     path = Path(path)
-    columns = Columns()
-    meta: dict[str, Any] = {}
     collecting = gc.isenabled()
     gc.disable()  # many small objects and no cycles: the cyclic collector would only rescan them
     try:
-        with open(path, "rb") as raw, (gzip.open(raw) if path.suffix == ".gz" else raw) as handle:
-            source = CountingReader(raw, handle, progress)
-            for events in iter_events(source, meta):
-                columns.add(events)
+        meta: dict[str, Any] = {}
+        columns = Columns()
+        if workers > 1 and text_size(path) > events.WHOLE_BYTES and _read_parallel(path, progress, meta, columns,
+                                                                                    workers):
+            return _finish(path, meta, columns)
+        meta, columns = {}, Columns()
+        with _open(path, progress) as source:
+            for block in events.iter_events(source, meta):
+                columns.merge(read_block(block))
     except (OSError, EOFError, zlib.error, ValueError, TypeError, KeyError, msgspec.MsgspecError) as error:
         if isinstance(error, ValueError) and "traceEvents" in str(error):
             raise UsageError(f"not a PyTorch profiler trace: {path} (no traceEvents list)") from None
@@ -115,18 +128,62 @@ def read_trace(path: str | os.PathLike, progress: Progress | None = None) -> Ran
     return _finish(path, meta, columns)
 
 
+@contextmanager
+def _open(path: Path, progress: Progress | None) -> Iterator[CountingReader]:
+    with open(path, "rb") as raw, (gzip.open(raw) if path.suffix == ".gz" else raw) as handle:
+        yield CountingReader(raw, handle, progress)
+
+
+def _read_parallel(path: Path, progress: Progress | None, meta: dict[str, Any], columns: Columns,
+                   workers: int) -> bool:
+    """Blocks decoded by worker processes, merged here in file order, at most `workers` + 1 in flight; False where
+    a guessed cut was wrong (nothing of it is kept)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    pending: deque = deque()
+    with _open(path, progress) as source, ProcessPoolExecutor(workers, mp_context=context) as pool:
+        try:
+            for text in events.iter_texts(source, meta):
+                pending.append(pool.submit(_read_text, text))
+                while len(pending) > workers:
+                    if not _merge(columns, pending.popleft().result()):
+                        return False
+            while pending:
+                if not _merge(columns, pending.popleft().result()):
+                    return False
+        finally:
+            for future in pending:
+                future.cancel()
+    return True
+
+
+def _read_text(text: bytes) -> Block | None:
+    """A worker's part: one block's text decoded and sorted into columns (None: not a list of whole events)."""
+    decoded = events.decode(text)
+    return None if decoded is None else read_block(decoded)
+
+
+def _merge(columns: Columns, block: Block | None) -> bool:
+    if block is not None:
+        columns.merge(block)
+    return block is not None
+
+
 def _finish(path: Path, meta: dict[str, Any], columns: Columns) -> RankTrace:
     g_ts, g_dur, g_name, g_stream, g_corr = _joined(columns.gpu, (np.float64, np.float64, np.int64, np.int64, np.int64))
     names = list(columns.gpu_names)
     device = "GPU"
-    host_names = list(columns.host_names.ids)
+    host_names = list(columns.host_names)
     calls = columns.cpu_calls
     cpu_ops = {host_names[i]: [int(calls[i]), float(columns.cpu_time[i])] for i in np.flatnonzero(calls).tolist()}
     if not len(g_ts):
         if not any(name.startswith(STEPSCOPE_RANGE) for name in cpu_ops) or not columns.cpu_top:
             raise UsageError(f"no GPU events in {path} (no kernels, copies or syncs on a GPU stream)")
         device = "CPU"
-        g_ts, g_dur, g_name, names = _cpu_work(columns.cpu_top)
+        g_ts, g_dur, g_name, names = _cpu_work(_joined(columns.cpu_top, (np.int64, np.float64, np.float64, np.int64)),
+                                               host_names)
         g_stream = np.zeros(len(g_ts), np.int64)
         g_corr = np.full(len(g_ts), -1, np.int64)
     l_corr, l_ts, l_dur, l_tid, l_host = _joined(columns.launch, (np.int64, np.float64, np.float64, np.int64, np.int64))
@@ -155,15 +212,18 @@ def _joined(blocks: list[tuple[np.ndarray, ...]], dtypes: tuple[type, ...]) -> l
             np.zeros(0, dtype) for k, dtype in enumerate(dtypes)]
 
 
-def _cpu_work(by_thread: dict[Any, list[tuple[float, float, str]]]) -> tuple[list, list, list, list[str]]:
+def _cpu_work(top: list[np.ndarray], host_names: list[str]) -> tuple[list, list, list, list[str]]:
     """A CPU-only trace's work: the top-level CPU ops of each thread (ops nested in another are its parts)."""
+    thread, start, length, name = top
     ts, dur, name_ids, names = [], [], [], {}
-    for ops in by_thread.values():
+    for tid in dict.fromkeys(thread.tolist()):
+        mine = np.flatnonzero(thread == tid)
+        mine = mine[np.lexsort((-length[mine], start[mine]))]
         end = -np.inf
-        for start, length, name in sorted(ops, key=lambda op: (op[0], -op[1])):
-            if start >= end:
-                ts.append(start)
-                dur.append(length)
-                name_ids.append(names.setdefault(name, len(names)))
-                end = start + length
+        for i in mine.tolist():
+            if start[i] >= end:
+                ts.append(float(start[i]))
+                dur.append(float(length[i]))
+                name_ids.append(names.setdefault(host_names[name[i]], len(names)))
+                end = start[i] + length[i]
     return ts, dur, name_ids, list(names)

@@ -3,7 +3,7 @@
 Rank files are read and analysed in worker processes (`TraceConfig.workers`; default one per core, at most one per
 file), each returning only its rank's summary (`RankAnalysis`: windows, tables, paths; no event columns), so the
 parent holds summaries and each worker one file's columns at a time: memory is bounded by `workers` files, not by
-the job. One file, or one worker, is read in this process.
+the job. One file is read in this process, a large one's blocks decoded by the workers (`read_trace`).
 
 Every output file is checked before any work; nothing is written until every file has been read and analysed, so a
 bad input (a truncated or non-trace JSON, a trace without GPU events, ranks of different jobs) leaves no half-written
@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,9 +148,10 @@ def run_trace(config: TraceConfig, out: str | os.PathLike | None = None,
 
 
 
-def analyse_file(path: Path, top: int = 10, system: str | None = None, progress: Any = None) -> RankAnalysis:
-    """One rank file read and analysed (what a worker process does)."""
-    return analyze(read_trace(path, progress), top, system)
+def analyse_file(path: Path, top: int = 10, system: str | None = None, progress: Any = None,
+                 workers: int = 1) -> RankAnalysis:
+    """One rank file read (a large one by `workers` processes) and analysed: what a worker process does."""
+    return analyze(read_trace(path, progress, workers), top, system)
 
 
 def workers_for(config: TraceConfig, files: int) -> int:
@@ -165,14 +165,16 @@ def analyse_files(files: list[Path], config: TraceConfig, on_progress: OnProgres
     sizes = [f.stat().st_size for f in files]
     total = sum(sizes)
     workers = workers_for(config, len(files))
-    if workers == 1:
+    if workers == 1:  # one file: its blocks may still be decoded by workers
+        inner = (config.workers or usable_cores()) if len(files) == 1 else 1
         out = []
         for index, file in enumerate(files):
             done = sum(sizes[:index])
             progress = None if on_progress is None else (lambda n, done=done: on_progress(done + n, total))
-            out.append(analyse_file(file, config.top, config.system, progress))
+            out.append(analyse_file(file, config.top, config.system, progress, inner))
         return out
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     # fork where it is safe and cheap (Linux: the workers start without importing anything again)
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")

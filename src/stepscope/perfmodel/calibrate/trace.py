@@ -251,15 +251,15 @@ def trace_records(paths: tuple[str, ...]) -> list[dict[str, Any]]:
 
 def base_system(records: list[dict[str, Any]], base: str | None) -> SystemSpec:
     """`base`, else the preset of the traced device (CPU for stepscope's own CPU traces)."""
-    from stepscope.spec.system import list_systems, load_system
+    from stepscope.spec.system import load_system, preset_of_device
 
     if base:
         return load_system(base)
     devices = {r["config"].get("device") for r in records} - {None}
-    for device in devices:
-        for preset in list_systems():
-            if load_system(preset).accelerator.name == device or (device == "CPU" and preset == "CPU"):
-                return load_system(preset)
+    for device in sorted(devices):
+        preset = "CPU" if device == "CPU" else preset_of_device(device)
+        if preset is not None:
+            return load_system(preset)
     raise UsageError(f"no system preset for the traced device {', '.join(map(str, devices)) or '(unnamed)'}: "
                      "name one with --base")
 
