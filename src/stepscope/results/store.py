@@ -7,9 +7,9 @@ A record is one measured or predicted point:
 `key` identifies the point (kind + config) so an interrupted sweep can `--resume` without duplicates.
 
 Crash safety: each record (or batch known together, `extend`) is one `write()` of whole lines to a file opened
-with O_APPEND, followed by fsync; a reader skips a torn last line, and the next append starts on a fresh line. The one exception to
-append-only: a resume removes the table rows of a point that never got its summary record (`remove`, an
-atomic rewrite; see `results.tables`).
+with O_APPEND, followed by fsync; a reader skips a torn last line, and the next append starts on a fresh line. The
+one exception to append-only: a resume removes the table rows of a point that never got its summary record
+(`remove`, an atomic rewrite; see `results.tables`).
 """
 
 from __future__ import annotations

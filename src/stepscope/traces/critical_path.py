@@ -200,23 +200,35 @@ class _Graph:
         """µs per category of the path from the end of GPU event `node` (`from_start`: from its start, the event
         itself left out) back to `floor`."""
         path = _Path(self.start[node] if from_start else self.end[node], floor)
-        for _ in range(len(self.start) + 16):
-            if path.frontier <= floor:
+        start, category, after_of, ready, kind = self.start, self.category, self.after, self.ready, self.kind
+        spent = path.spent
+        for _ in range(len(start) + 16):
+            # the path's steps, `_Path.take` written out: a walk takes millions of them on a large trace
+            frontier = path.frontier
+            if frontier <= floor:
                 break
-            path.take(self.category[node], self.start[node])
-            after = self.after[node]
+            until = max(start[node], floor)
+            if until < frontier:
+                spent[category[node]] = spent.get(category[node], 0.0) + frontier - until
+                frontier = until
+            after = after_of[node]
             if after < 0:
+                path.frontier = frontier
                 path.take(IDLE, floor)
                 break
-            path.take(IDLE, self.ready[node])
-            if self.kind[node] == GPU:
+            until = max(ready[node], floor)
+            if until < frontier:
+                spent[IDLE] = spent.get(IDLE, 0.0) + frontier - until
+                frontier = until
+            path.frontier = frontier
+            if kind[node] == GPU:
                 node = after
                 continue
             found = self._cpu(after, path)
             if found is None:
                 break
             node = found
-        return path.spent
+        return spent
 
     def _cpu(self, call: int, path: _Path) -> int | None:
         """Back along the launch call's thread to the GPU event its last blocking call waited for (None: to the

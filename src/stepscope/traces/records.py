@@ -18,9 +18,9 @@ from stepscope.traces.critical_path_ranks import JobStepPath
 from stepscope.traces.ranks import StepAcrossRanks
 from stepscope.traces.roofline import totals
 
-STEP_COLUMNS = ["rank", "step", "step_ms", "cpu_step_ms", "idle_pct", "compute_pct", "non_compute_pct", "comm_ms",
-                "comm_exposed_ms", "comm_overlap_pct", "kernels", "launch_bound_kernels", "launch_bound", "queue_mean",
-                "queue_max"]
+STEP_COLUMNS = ["rank", "step", "step_ms", "cpu_step_ms", "host_ms", "idle_pct", "compute_pct", "non_compute_pct",
+                "comm_ms", "comm_exposed_ms", "comm_overlap_pct", "kernels", "launch_bound_kernels", "launch_bound",
+                "queue_mean", "queue_max", "launch_gap_us"]
 CATEGORY_COLUMNS = ["rank", "step", *[f"{c.replace(' ', '_')}_pct" for c in CATEGORIES]]
 
 

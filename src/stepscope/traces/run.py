@@ -148,6 +148,14 @@ def run_trace(config: TraceConfig, out: str | os.PathLike | None = None,
 
 
 
+def write_trace_records(paths: tuple[str, ...], out: str | os.PathLike) -> Path:
+    """Analyse the traces of one job and append their `trace` records to `<out>/trace.jsonl` (no plot, nothing
+    printed); that file. What `calibrate --trace` hands the performance model."""
+    outcome = run_trace(TraceConfig(paths=tuple(paths)), out)
+    assert outcome.path is not None
+    return outcome.path
+
+
 def analyse_file(path: Path, top: int = 10, system: str | None = None, progress: Any = None,
                  workers: int = 1) -> RankAnalysis:
     """One rank file read (a large one by `workers` processes) and analysed: what a worker process does."""
