@@ -34,6 +34,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add_config_option(group, TraceConfig, "--top", "rows of the top-kernels and top-CPU-ops tables")
     add_config_option(group, TraceConfig, "--stream-above-MiB", "parse larger files as a stream (memory grows with "
                       "the number of kernels, not the file)", field="stream_above_MiB")
+    add_config_option(group, TraceConfig, "--show-ranks", "ranks whose own rows the tables list: all up to this "
+                      "many, else the slowest by median step time (every rank is in the records)")
     add_config_option(group, TraceConfig, "--workers", "worker processes reading the rank files in parallel (0: one "
                       "per core, at most one per file)")
     add_config_option(group, TraceConfig, "--launch-bound-share", "a step is launch-bound when more than this share "
@@ -56,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.traces.run import run_trace
 
     config = TraceConfig(paths=tuple(args.paths), top=one_value(args.top, positive_int, "--top"),
+                         show_ranks=one_value(args.show_ranks, positive_int, "--show-ranks"),
                          stream_above_MiB=one_value(args.stream_above_MiB, positive_float, "--stream-above-MiB"),
                          launch_bound_share=one_value(args.launch_bound_share, positive_float,
                                                       "--launch-bound-share"),
@@ -70,7 +73,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     printer = Printer(args.format)
-    for rank in outcome.ranks:
+    shown = outcome.shown
+    if len(shown) < len(outcome.ranks):
+        printer.note(f"{len(outcome.ranks)} ranks ({sum(r.events for r in outcome.ranks):,} events); the tables list "
+                     f"the {len(shown)} slowest by median step time (every rank is in the records; --show-ranks)")
+    for rank in shown:
         printer.note(f"rank {rank.rank}: {rank.path} ({rank.device}, {rank.events:,} events, "
                      f"{len(rank.steps)} steps)")
     rows = outcome.step_rows()
@@ -97,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         printer.emit(roofline, title=f"roofline: top {config.top} ops by GPU time (shapes recorded), achieved "
                                      "TFLOP/s and GB/s, % of the device's peak")
         printer.emit(outcome.roofline_totals(), title="roofline per op family (gemm: the matmul family's total)")
-    for rank in outcome.ranks:
+    for rank in shown:
         if not rank.shapes:
             printer.note(f"rank {rank.rank}: no shapes in the trace (record with record_shapes=True): no roofline")
         elif rank.roofline and rank.peaks and not rank.peaks.matrix:

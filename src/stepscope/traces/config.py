@@ -15,6 +15,9 @@ class TraceConfig:
     """`.json` / `.json.gz` files or folders holding them (one file per rank)."""
     top: int = 10
     """Rows of the top-kernels and top-CPU-ops tables."""
+    show_ranks: int = 8
+    """Ranks whose own rows the tables list: all up to this many, else this many slowest by median step time (the
+    records hold every rank; a table of 128 ranks' rows is unread and costs more to print than to analyse)."""
     stream_above_MiB: float = 256.0
     """Files whose JSON text is larger than this are parsed as a stream (ijson): memory then grows with the number
     of kernels, not with the file. Smaller files are read whole with orjson, which is about twice as fast."""
@@ -32,6 +35,8 @@ class TraceConfig:
     run on the GPU (the GPU then waits for the CPU)."""
 
     def __post_init__(self) -> None:
+        if self.show_ranks < 1:
+            raise UsageError(f"--show-ranks must be 1 or more, got {self.show_ranks}")
         if self.workers < 0:
             raise UsageError(f"--workers must be 0 (one per core) or more, got {self.workers}")
         if not 0.0 <= self.launch_bound_share < 1.0:  # 1 or more: no step could ever be launch-bound

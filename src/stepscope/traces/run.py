@@ -83,38 +83,52 @@ class TraceOutcome:
     records: int = 0
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def shown(self) -> list[RankAnalysis]:
+        """The ranks the tables list (`TraceConfig.show_ranks`): all, or the slowest by median step time."""
+        if len(self.ranks) <= self.config.show_ranks:
+            return self.ranks
+        slowest = sorted(self.ranks, key=lambda r: -_median_step_us(r))[: self.config.show_ranks]
+        return sorted(slowest, key=lambda r: r.rank)
+
     def step_rows(self) -> list[dict[str, Any]]:
-        return step_rows(self.ranks, self.config.launch_bound_share)
+        return step_rows(self.shown, self.config.launch_bound_share)
 
     def category_rows(self) -> list[dict[str, Any]]:
         rows = self.step_rows()
         return [{c: row.get(c) for c in CATEGORY_COLUMNS} for row in rows]
 
     def collective_rows(self) -> list[dict[str, Any]]:
-        return collective_rows(self.ranks)
+        return collective_rows(self.shown)
 
     def straggler_rows(self) -> list[dict[str, Any]]:
         return straggler_rows(self.steps)
 
     def rank_step_ms(self) -> list[dict[str, Any]]:
-        return rank_step_ms(self.steps)
+        shown = {f"rank{r.rank}_ms" for r in self.shown}
+        return [{k: v for k, v in row.items() if k == "step" or k in shown} for row in rank_step_ms(self.steps)]
 
     def top_rows(self, what: str) -> list[dict[str, Any]]:
-        return top_rows(self.ranks, what)
+        return top_rows(self.shown, what)
 
     def roofline_rows(self) -> list[dict[str, Any]]:
-        return roofline_rows(self.ranks, self.config.top)
+        return roofline_rows(self.shown, self.config.top)
 
     def roofline_totals(self) -> list[dict[str, Any]]:
-        return roofline_totals(self.ranks)
+        return roofline_totals(self.shown)
 
     def critical_path_rows(self) -> list[dict[str, Any]]:
-        return critical_path_rows(self.ranks)
+        return critical_path_rows(self.shown)
 
     def job_path_rows(self) -> list[dict[str, Any]]:
         return job_path_rows(self.paths)
 
     step_columns = STEP_COLUMNS
+
+
+def _median_step_us(rank: RankAnalysis) -> float:
+    spans = sorted(w.breakdown.span_us for w in rank.steps) or [rank.total.breakdown.span_us]
+    return spans[len(spans) // 2]
 
 
 def run_trace(config: TraceConfig, out: str | os.PathLike | None = None,
