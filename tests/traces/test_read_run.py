@@ -109,3 +109,14 @@ def test_bad_inputs_leave_nothing_written(tmp_path: Path, case: str) -> None:
     with pytest.raises(UsageError):
         run_trace(TraceConfig(paths=(str(folder),)), tmp_path / "out")
     assert not (tmp_path / "out" / "trace.jsonl").exists() and not (tmp_path / "out" / "trace.png").exists()
+
+
+def test_tables_list_the_slowest_ranks_and_the_records_every_rank(tmp_path: Path) -> None:
+    for r, slow in enumerate((0.0, 30.0, 10.0)):
+        two_step_rank(rank=r, world_size=3, slow=slow).write(tmp_path / f"rank{r}.json")
+    outcome = run_trace(TraceConfig(paths=(str(tmp_path),), show_ranks=2, workers=1), tmp_path / "out")
+    assert [r.rank for r in outcome.shown] == [1, 2]  # the two slowest, in rank order
+    assert {row["rank"] for row in outcome.step_rows()} == {1, 2}
+    assert set(outcome.rank_step_ms()[0]) == {"step", "rank1_ms", "rank2_ms"}
+    records = read_records(tmp_path / "out" / "trace.jsonl")
+    assert {r["config"]["rank"] for r in records if r["config"]["record"] == "step"} == {0, 1, 2}
