@@ -26,6 +26,7 @@ def test_plain_gzip_and_block_by_block_reads_agree(tmp_path: Path, monkeypatch: 
     text = json.dumps({"traceEvents": meta_after.events, **meta_after.meta})  # distributedInfo after the events
     (tmp_path / "after.json").write_text(text)
     monkeypatch.setattr("stepscope.traces.events.BLOCK_BYTES", block)
+    monkeypatch.setattr("stepscope.traces.events.WHOLE_BYTES", 0 if block < 1 << 24 else block)
     for path in (two_step_rank().kernel(odd, 300, 1, launch_at=299).write(tmp_path / "r.json.gz"),
                  tmp_path / "r.json", tmp_path / "after.json"):
         other = read_trace(path)
@@ -38,6 +39,7 @@ def test_plain_gzip_and_block_by_block_reads_agree(tmp_path: Path, monkeypatch: 
 def test_truncated_and_foreign_json_are_one_line_usage_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               block: int) -> None:
     monkeypatch.setattr("stepscope.traces.events.BLOCK_BYTES", block)
+    monkeypatch.setattr("stepscope.traces.events.WHOLE_BYTES", 0 if block < 1 << 24 else block)
     text = (two_step_rank().write(tmp_path / "r.json")).read_bytes()
     (tmp_path / "cut.json").write_bytes(text[: len(text) // 2])
     (tmp_path / "cut.json.gz").write_bytes(gzip.compress(text)[:300])
@@ -67,7 +69,9 @@ def test_a_stepscope_cpu_trace_is_analysed_by_its_top_level_ops(tmp_path: Path) 
 def test_run_writes_records_per_rank_step_and_category_and_the_plot(tmp_path: Path) -> None:
     for r in (0, 1):
         two_step_rank(rank=r, world_size=2, slow=5.0 * r).write(tmp_path / f"rank{r}.json")
-    outcome = run_trace(TraceConfig(paths=(str(tmp_path),)), tmp_path / "out")
+    assert run_trace(TraceConfig(paths=(str(tmp_path),)), tmp_path / "none").plot is None  # drawn when asked
+    assert not (tmp_path / "none" / "trace.png").exists()
+    outcome = run_trace(TraceConfig(paths=(str(tmp_path),), plot=str(tmp_path / "out" / "trace.png")), tmp_path / "out")
     records = read_records(tmp_path / "out" / "trace.jsonl")
     kinds = [r["config"]["record"] for r in records]
     assert kinds.count("step") == 4 and kinds.count("rank") == 2 and kinds.count("straggler") == 2
@@ -105,3 +109,14 @@ def test_bad_inputs_leave_nothing_written(tmp_path: Path, case: str) -> None:
     with pytest.raises(UsageError):
         run_trace(TraceConfig(paths=(str(folder),)), tmp_path / "out")
     assert not (tmp_path / "out" / "trace.jsonl").exists() and not (tmp_path / "out" / "trace.png").exists()
+
+
+def test_tables_list_the_slowest_ranks_and_the_records_every_rank(tmp_path: Path) -> None:
+    for r, slow in enumerate((0.0, 30.0, 10.0)):
+        two_step_rank(rank=r, world_size=3, slow=slow).write(tmp_path / f"rank{r}.json")
+    outcome = run_trace(TraceConfig(paths=(str(tmp_path),), show_ranks=2, workers=1), tmp_path / "out")
+    assert [r.rank for r in outcome.shown] == [1, 2]  # the two slowest, in rank order
+    assert {row["rank"] for row in outcome.step_rows()} == {1, 2}
+    assert set(outcome.rank_step_ms()[0]) == {"step", "rank1_ms", "rank2_ms"}
+    records = read_records(tmp_path / "out" / "trace.jsonl")
+    assert {r["config"]["rank"] for r in records if r["config"]["record"] == "step"} == {0, 1, 2}

@@ -130,16 +130,10 @@ def run_rates(args: argparse.Namespace) -> int:
 
 
 def run_trace(args: argparse.Namespace) -> int:
-    """`--trace FILES [--model M ...]`: analyse the traces (their `trace` records), then fit a system to them."""
-    import tempfile
-
+    """`--trace FILES [--model M ...]`: analyse the traces, fit a system to their records, write it."""
     from stepscope.cli.output import Printer
-    from stepscope.perfmodel.calibrate.trace import TraceCalibrationConfig, calibrate_from_trace
-    from stepscope.perfmodel.runs import RunRecords
-    from stepscope.results.files import check_writable_file
-    from stepscope.spec.system import system_to_toml
-    from stepscope.traces.config import TraceConfig
-    from stepscope.traces.run import run_trace as analyse
+    from stepscope.perfmodel.calibrate.trace_run import TraceCalibrationConfig, run_calibrate_trace
+    from stepscope.traces.run import write_trace_records
 
     model = workload = plan = None
     if args.model is not None:
@@ -148,33 +142,19 @@ def run_trace(args: argparse.Namespace) -> int:
             raise UsageError("--trace fits one run: give one --model")
         model = specs[0]
         plan, workload = plan_from_args(args, model)
-    base = None if args.base == CalibrateConfig.base else args.base
-    target = check_writable_file(args.system_out, "the system")
-    records = RunRecords(args.out, "calibrate-trace")
-    with tempfile.TemporaryDirectory() as folder:  # the traces' records: the library joins them through records
-        outcome = analyse(TraceConfig(paths=tuple(parse_list(args.trace, str, "--trace")), plot=""),
-                          args.out or folder)
-        fit = calibrate_from_trace(TraceCalibrationConfig(records=(str(outcome.path),), base=base,
-                                                          system_out=args.system_out,
-                                                          name=args.name if args.name != CalibrateConfig.name
-                                                          else "calibrated-from-trace",
-                                                          model=model, workload=workload, plan=plan))
-    header = f"stepscope calibrate --trace {args.trace}" + (f" --model {model.name}" if model else "")
-    try:
-        target.write_text(system_to_toml(fit.system, header=header), encoding="utf-8")
-    except OSError as error:
-        raise UsageError(f"cannot write {target}: {error.strerror or error}") from None
-    records.append({"trace": args.trace, "base": base, "model": model.name if model else None,
-                    "system_out": str(target)},
-                   {"parameters": fit.rows, "categories": fit.categories})
+    name = args.name if args.name != CalibrateConfig.name else TraceCalibrationConfig.name  # the trace fit's default
+    config = TraceCalibrationConfig(traces=tuple(parse_list(args.trace, str, "--trace")),
+                                    base=None if args.base == CalibrateConfig.base else args.base,
+                                    system_out=args.system_out, name=name, model=model, workload=workload, plan=plan)
+    outcome = run_calibrate_trace(config, args.out, analyse=write_trace_records)
     printer = Printer(args.format)
-    printer.emit(fit.rows, title="fitted from the trace")
-    if fit.categories:
-        printer.emit(fit.categories, title="per step and category: the trace, the base system's and the fitted "
-                                           "system's prediction")
-    for note in fit.notes:
+    printer.emit(outcome.fit.rows, title="fitted from the trace")
+    if outcome.fit.categories:
+        printer.emit(outcome.fit.categories, title="per step and category: the trace, the base system's and the "
+                                                   "fitted system's prediction")
+    for note in outcome.fit.notes:
         printer.note(f"note: {note}")
-    printer.note(f"system: {target}  (use it with --system {target})")
-    if records.path is not None:
-        printer.note(f"records: {records.path}")
+    printer.note(f"system: {outcome.system_out}  (use it with --system {outcome.system_out})")
+    if outcome.path is not None:
+        printer.note(f"records: {outcome.path}")
     return 0

@@ -37,14 +37,16 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> Parser:
+def build_parser(command: str | None = None) -> Parser:
+    """The parser of every command, or of `command` alone: a command's parser imports its module and that module's
+    option families (the performance model's, the in-network ones), so a run builds only the one it runs."""
     from stepscope import __version__
     from stepscope.cli.options import add_command
 
     parser = Parser(prog="stepscope", description="Measure, model and speed up transformer training steps.")
     parser.add_argument("--version", action="version", version=f"stepscope {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for name in COMMANDS:
+    for name in (command,) if command in COMMANDS else COMMANDS:
         add_command(subparsers, importlib.import_module(f"stepscope.cli.{name}"))
     return parser
 
@@ -52,7 +54,8 @@ def build_parser() -> Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (0, 1 a rank failed, 2 bad input, 130 interrupted)."""
     try:
-        parser = build_parser()
+        argv = sys.argv[1:] if argv is None else list(argv)
+        parser = build_parser(argv[0] if argv else None)
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
             parser.print_help()

@@ -9,7 +9,7 @@ import sys
 from stepscope.cli.options import (
     add_config_option,
     add_output_options,
-    add_plot_options,
+    non_negative_int,
     one_value,
     positive_float,
     positive_int,
@@ -34,6 +34,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add_config_option(group, TraceConfig, "--top", "rows of the top-kernels and top-CPU-ops tables")
     add_config_option(group, TraceConfig, "--stream-above-MiB", "parse larger files as a stream (memory grows with "
                       "the number of kernels, not the file)", field="stream_above_MiB")
+    add_config_option(group, TraceConfig, "--show-ranks", "ranks whose own rows the tables list: all up to this "
+                      "many, else the slowest by median step time (every rank is in the records)")
+    add_config_option(group, TraceConfig, "--workers", "worker processes reading the rank files in parallel (0: one "
+                      "per core, at most one per file)")
     add_config_option(group, TraceConfig, "--launch-bound-share", "a step is launch-bound when more than this share "
                       "of its kernels took longer to launch than to run")
     add_config_option(group, TraceConfig, "--system", "system preset or TOML whose peaks the roofline measures "
@@ -44,7 +48,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                        "calls (CUDA runtime), device activity (NCCL kernels by name), memory operations (memcpy / "
                        "memset), collectives by message size; the files side by side (records: trace-tally)")
     add_output_options(parser, resume=False)
-    add_plot_options(parser, "trace.png")
+    group = parser.add_argument_group("plot")
+    group.add_argument("--plot", default=None, help="draw a stacked bar per rank-step (GPU time by category and "
+                       "idle) to this PNG/SVG/PDF path (default: none; `stepscope report` plots the records)")
+    group.add_argument("--no-plot", action="store_true", help=argparse.SUPPRESS)  # the default since plots are asked
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,10 +59,12 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.traces.run import run_trace
 
     config = TraceConfig(paths=tuple(args.paths), top=one_value(args.top, positive_int, "--top"),
+                         show_ranks=one_value(args.show_ranks, positive_int, "--show-ranks"),
                          stream_above_MiB=one_value(args.stream_above_MiB, positive_float, "--stream-above-MiB"),
                          launch_bound_share=one_value(args.launch_bound_share, positive_float,
                                                       "--launch-bound-share"),
-                         plot="" if args.no_plot else args.plot, system=args.system)
+                         plot="" if args.no_plot else args.plot, system=args.system,
+                         workers=one_value(args.workers, non_negative_int, "--workers"))
     if args.tally:
         return _run_tally(config, args)
     bar = ProgressBar("reading traces", unit="bytes", wanted=lambda total: args.progress or (
@@ -65,7 +74,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     printer = Printer(args.format)
-    for rank in outcome.ranks:
+    shown = outcome.shown
+    if len(shown) < len(outcome.ranks):
+        printer.note(f"{len(outcome.ranks)} ranks ({sum(r.events for r in outcome.ranks):,} events); the tables list "
+                     f"the {len(shown)} slowest by median step time (every rank is in the records; --show-ranks)")
+    for rank in shown:
         printer.note(f"rank {rank.rank}: {rank.path} ({rank.device}, {rank.events:,} events, "
                      f"{len(rank.steps)} steps)")
     rows = outcome.step_rows()
@@ -84,12 +97,15 @@ def run(args: argparse.Namespace) -> int:
     if paths:
         printer.emit(paths, title="critical path per rank-step: from the step's CPU start to its last GPU end, ms "
                                   "per category on the path and what bounds it")
+    if outcome.paths:
+        printer.emit(outcome.job_path_rows(), title="critical path per step across ranks: at each collective the "
+                                                    "latest rank's work, then the transfer; the rank that set most")
     roofline = outcome.roofline_rows()
     if roofline:
         printer.emit(roofline, title=f"roofline: top {config.top} ops by GPU time (shapes recorded), achieved "
                                      "TFLOP/s and GB/s, % of the device's peak")
         printer.emit(outcome.roofline_totals(), title="roofline per op family (gemm: the matmul family's total)")
-    for rank in outcome.ranks:
+    for rank in shown:
         if not rank.shapes:
             printer.note(f"rank {rank.rank}: no shapes in the trace (record with record_shapes=True): no roofline")
         elif rank.roofline and rank.peaks and not rank.peaks.matrix:

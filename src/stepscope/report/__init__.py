@@ -15,6 +15,7 @@ from pathlib import Path
 from stepscope.report.compared import compared_section
 from stepscope.report.environments import environments
 from stepscope.report.html import Page
+from stepscope.report.roofline import roofline_section
 from stepscope.report.sections import header_html, kind_section, overview
 from stepscope.report.study import load_study
 from stepscope.results.files import check_writable_file
@@ -33,6 +34,7 @@ def build(paths: Sequence[str | os.PathLike], *, title: str | None = None) -> st
     found = {kind: environments(records) for kind, records in study.kinds.items()}
     overview(page, study, found)
     compared_section(page, study)
+    roofline_section(page, study)
     for kind, records in study.kinds.items():
         kind_section(page, kind, records, found[kind])
     return page.render()

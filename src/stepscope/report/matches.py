@@ -8,7 +8,7 @@
   mode, in place, skew, reduction, source, on the same host; the next such fit in the records, which `comm
   --fit` writes after the points it fitted, also after `--resume`): the time against the fitted
   t(S) = α + factor·S/β;
-- a trace against its prediction: `compare --trace` records, which hold both sides already (a trace stores no
+- a trace against its prediction: `compare --kind trace` records, which hold both sides already (a trace stores no
   model, so nothing else can pair it).
 
 Errors are (predicted − measured) / measured in percent, the sign convention of `stepscope compare`.
@@ -153,7 +153,7 @@ def fit_curve(fit: AlphaBetaFit, low: float, high: float, points: int = 24) -> l
 
 
 def trace_vs_predict(compares: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The `compare --trace` records as rows: rank, model, plan, system and the measured/predicted pairs."""
+    """The `compare --kind trace` records as rows: rank, model, plan, system and the measured/predicted pairs."""
     rows = []
     for record in compares:
         config = record.get("config") or {}

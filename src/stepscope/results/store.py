@@ -6,10 +6,10 @@ A record is one measured or predicted point:
 `status` is `ok`, or why a point has no timing: `oom`, `mismatch`, `unsupported`, `error`.
 `key` identifies the point (kind + config) so an interrupted sweep can `--resume` without duplicates.
 
-Crash safety: each record is one `write()` of a whole line to a file opened with O_APPEND, followed by
-fsync; a reader skips a torn last line, and the next append starts on a fresh line. The one exception to
-append-only: a resume removes the table rows of a point that never got its summary record (`remove`, an
-atomic rewrite; see `results.tables`).
+Crash safety: each record (or batch known together, `extend`) is one `write()` of whole lines to a file opened
+with O_APPEND, followed by fsync; a reader skips a torn last line, and the next append starts on a fresh line. The
+one exception to append-only: a resume removes the table rows of a point that never got its summary record
+(`remove`, an atomic rewrite; see `results.tables`).
 """
 
 from __future__ import annotations
@@ -71,7 +71,14 @@ class RecordStore:
 
     def append(self, record: dict[str, Any]) -> None:
         """Append one record as one whole line, durably (see the module docstring)."""
-        line = json.dumps(record, default=_json_default, allow_nan=True) + "\n"
+        self.extend([record])
+
+    def extend(self, records: list[dict[str, Any]]) -> None:
+        """Append records that are known together (one analysis of a trace), as one `write()` and one fsync: a
+        crash keeps the whole lines written before it, as for one record."""
+        if not records:
+            return
+        line = "".join(json.dumps(r, default=_json_default, allow_nan=True) + "\n" for r in records)
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             if _ends_without_newline(fd):

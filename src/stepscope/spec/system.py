@@ -353,6 +353,17 @@ def list_systems() -> list[str]:
     return sorted(_preset_files())
 
 
+def preset_of_device(device_name: str) -> str | None:
+    """The shipped preset whose accelerator is named `device_name` (e.g. a trace's `NVIDIA H100 80GB HBM3`), else
+    None. Only presets whose text holds the name are parsed (TOML parsing is most of the cost)."""
+    for name, entry in sorted(_preset_files().items()):
+        text = entry.read_text(encoding="utf-8")
+        if device_name and device_name in text and \
+                parse_system_toml(text, f"preset {entry.name}").accelerator.name == device_name:
+            return name
+    return None
+
+
 def load_system(name_or_path: str | Path) -> SystemSpec:
     """A preset by name (case-insensitive) or a TOML file by path."""
     text = str(name_or_path)

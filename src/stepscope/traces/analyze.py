@@ -28,6 +28,7 @@ from stepscope.measure.categories import CATEGORIES
 from stepscope.traces import intervals
 from stepscope.traces.critical_path import critical_path
 from stepscope.traces.kinds import HTA_TYPES, collective_kind, core_name, hta_type, kernel_category
+from stepscope.traces.launches import host_issue_us, launches, queue_lengths, queued_gaps
 from stepscope.traces.peaks import DevicePeaks, device_peaks
 from stepscope.traces.read import RankTrace
 from stepscope.traces.roofline import RooflineRow, roofline
@@ -89,9 +90,15 @@ class Window:
     """Kernels whose CPU launch took longer than the kernel ran."""
     queue_mean: float
     queue_max: int
+    gap_us: float | None = None
+    """Mean GPU gap before a queued kernel: from the end of the event before it on its stream to its start, over
+    kernels whose launch call returned before that event ended (the GPU's own cost per kernel, seen only where work
+    waits in the queue; None: no kernel was queued)."""
     cpu_step_us: float | None = None
     cpu_start_us: float = 0.0
     """When the step's CPU range began (0 for the whole trace)."""
+    host_us: float | None = None
+    """The host's time to issue the step (`launches.host_issue_us`)."""
     comm_durations: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """Durations of this window's communication kernels in launch order (cross-rank wait)."""
     comm_kinds: tuple[str, ...] = ()
@@ -104,13 +111,14 @@ class Window:
         total = sum(self.categories.values())
         step_us = self.breakdown.span_us if self.step_us is None else self.step_us
         out: dict[str, Any] = {"step_ms": step_us / 1e3,
-                               "cpu_step_ms": None if self.cpu_step_us is None else self.cpu_step_us / 1e3}
+                               "cpu_step_ms": None if self.cpu_step_us is None else self.cpu_step_us / 1e3,
+                               "host_ms": None if self.host_us is None else self.host_us / 1e3}
         out.update(self.breakdown.metrics())
         out.update({f"{c.replace(' ', '_')}_pct": 100 * self.categories.get(c, 0.0) / total if total else 0.0
                     for c in CATEGORIES})
         out.update({"kernels": self.kernels, "launch_bound_kernels": self.launch_bound,
                     "launch_bound": bool(self.kernels and self.launch_bound / self.kernels > launch_bound_share),
-                    "queue_mean": self.queue_mean, "queue_max": self.queue_max})
+                    "queue_mean": self.queue_mean, "queue_max": self.queue_max, "launch_gap_us": self.gap_us})
         return out
 
 
@@ -151,17 +159,18 @@ def analyze(trace: RankTrace, top: int = 10, system: str | None = None) -> RankA
     category_of = [kernel_category(n) for n in names]
     cats = np.array([CATEGORIES.index(c) for c in category_of], np.int64)[trace.gpu_name]
     sets = _Sets(start, end, types)
-    launch_ts, launch_dur = _launches(trace)
+    launch_ts, launch_dur = launches(trace)
     anchor = np.where(np.isnan(launch_ts), ts, launch_ts)
-    queue = _queue(anchor, end)
-    context = _Context(trace, names, sets, dur, cats, launch_dur, queue, types, anchor)
+    queue = queue_lengths(anchor, end)
+    context = _Context(trace, names, sets, dur, cats, launch_dur, queue, types, anchor,
+                       queued_gaps(trace, start, end, launch_ts + launch_dur))
 
     counted = _counted(trace, launch_ts)
     if not counted.any():
         counted = np.ones(len(ts), bool)
     total_context = context if counted.all() else _Context(trace, names, _Sets(start[counted], end[counted],
                                                                                 types[counted]), dur, cats,
-                                                            launch_dur, queue, types, anchor)
+                                                            launch_dur, queue, types, anchor, context.gaps)
     total = total_context.window(None, counted, float(start[counted].min()), float(end[counted].max()))
     steps = []
     if trace.steps:
@@ -180,6 +189,7 @@ def analyze(trace: RankTrace, top: int = 10, system: str | None = None) -> RankA
             window_end = max(min(later), firsts[k]) if later else float(end[mask].max())
             window = context.window(number, mask, firsts[k], window_end)
             window.cpu_step_us, window.cpu_start_us = cpu_end - cpu_start, cpu_start
+            window.host_us = host_issue_us(launch_ts + launch_dur, mask, cpu_start)
             steps.append(window)
     # the steps the totals count: those launched before the last step's mark when there are two or more
     last_mark = max(trace.step_marks.values()) if len(trace.step_marks) >= 2 else np.inf
@@ -194,7 +204,8 @@ def analyze(trace: RankTrace, top: int = 10, system: str | None = None) -> RankA
                         top_kernels=_top_kernels(names, category_of, trace.gpu_name, dur, top),
                         top_cpu_ops=_top_cpu_ops(trace.cpu_ops, top), roofline=roofline(trace),
                         peaks=device_peaks(trace.device_name, system), shapes=trace.shapes,
-                        critical_path=critical_path(trace, category_of, anchor),
+                        critical_path=critical_path(trace, category_of, anchor,
+                                                    [collective_kind(n) for n in names], types == COMM),
                         collective_sizes=_collective_sizes(trace))
 
 
@@ -230,6 +241,8 @@ class _Context:
     types: np.ndarray
     anchor: np.ndarray
     """When each event was launched (its CPU call's start; its own start when no call was found)."""
+    gaps: np.ndarray
+    """Each queued event's gap after the event before it on its stream (nan: not queued)."""
 
     def window(self, step: int | None, mask: np.ndarray, first: float, last: float) -> Window:
         dur, cats = self.dur[mask], self.cats[mask]
@@ -246,13 +259,16 @@ class _Context:
         launched = kernel & ~np.isnan(self.launch_dur[mask])
         bound = int(np.sum(self.launch_dur[mask][launched] > dur[launched]))
         queue = self.queue[mask]
+        gaps = self.gaps[mask][kernel]
+        gaps = gaps[~np.isnan(gaps)]
         # in launch order: a trace file lists events in buffer order, not the order they were issued
         comm_index = np.flatnonzero(comm)
         comm_index = comm_index[np.argsort(self.anchor[comm_index], kind="stable")]
         return Window(step=step, breakdown=self.sets.breakdown(first, last), categories=categories,
                       collectives=collectives, kernels=int(kernel.sum()), launch_bound=bound,
                       queue_mean=float(queue.mean()) if len(queue) else 0.0,
-                      queue_max=int(queue.max()) if len(queue) else 0, comm_durations=self.dur[comm_index],
+                      queue_max=int(queue.max()) if len(queue) else 0,
+                      gap_us=float(gaps.mean()) if len(gaps) else None, comm_durations=self.dur[comm_index],
                       comm_kinds=tuple(collective_kind(self.names[i]) or "other"
                                        for i in self.trace.gpu_name[comm_index]))
 
@@ -264,26 +280,6 @@ def _counted(trace: RankTrace, launch_ts: np.ndarray) -> np.ndarray:
         return np.ones(len(trace.gpu_ts), bool)
     with np.errstate(invalid="ignore"):
         return launch_ts < max(trace.step_marks.values())
-
-
-def _launches(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
-    """Start and length of the CPU call that launched each GPU event (nan: none found)."""
-    launch_ts = np.full(len(trace.gpu_ts), np.nan)
-    launch_dur = np.full(len(trace.gpu_ts), np.nan)
-    if len(trace.launch_corr) and len(trace.gpu_corr):
-        order = np.argsort(trace.launch_corr, kind="stable")
-        sorted_corr = trace.launch_corr[order]
-        at = np.minimum(np.searchsorted(sorted_corr, trace.gpu_corr), len(sorted_corr) - 1)
-        found = (sorted_corr[at] == trace.gpu_corr) & (trace.gpu_corr >= 0)
-        launch_ts[found] = trace.launch_ts[order[at[found]]]
-        launch_dur[found] = trace.launch_dur[order[at[found]]]
-    return launch_ts, launch_dur
-
-
-def _queue(launch: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """GPU work outstanding when each event was launched (launched, not finished; itself included)."""
-    launches, ends = np.sort(launch), np.sort(end)
-    return np.searchsorted(launches, launch, "right") - np.searchsorted(ends, launch, "right")
 
 
 def _top_kernels(names: list[str], category_of: list[str], name_ids: np.ndarray, dur: np.ndarray,

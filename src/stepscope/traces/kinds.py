@@ -69,9 +69,12 @@ def core_name(name: str) -> str:
 
 @lru_cache(maxsize=65536)
 def kernel_category(name: str) -> str:
-    """stepscope's category of a GPU event name: the shared table, then `GPU_RULES`, on the kernel's own name
-    first (its template and argument lists name types and namespaces, e.g. `fbgemm_gpu::`, not the work), then on
-    the whole name; else `other`."""
+    """stepscope's category of a GPU event name: `communication` for an NCCL kernel (`^nccl.*Kernel`, whatever its
+    name says besides: `ncclAllReduceRingLLKernel_sum_f32` is no reduction); else the shared table, then
+    `GPU_RULES`, on the kernel's own name first (its template and argument lists name types and namespaces, e.g.
+    `fbgemm_gpu::`, not the work), then on the whole name; else `other`."""
+    if _COMM.match(name):
+        return "communication"
     for text in dict.fromkeys((core_name(name), name)):
         category = categorize(text)
         if category is not None:
@@ -84,6 +87,11 @@ def kernel_category(name: str) -> str:
 
 @lru_cache(maxsize=4096)
 def collective_kind(name: str) -> str | None:
-    """`all_reduce`, `all_gather`, ... for a communication kernel whose name says which, else None."""
+    """`all_reduce`, `all_gather`, ... for a communication kernel whose name says which, else None. NCCL's names
+    through its versions: `ncclAllReduceRingLLKernel_sum_f32` (before 2.12), `ncclKernel_AllGather_RING_LL_Sum_int8_t`
+    (2.12 to 2.18), `ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL` (2.19 on), with the algorithm (RING, TREE, NVLS,
+    NVLS_TREE, COLLNET_DIRECT, COLLNET_CHAIN, PAT) and protocol (LL, LL128, SIMPLE) after the operation; point to
+    point (and all-to-all, built on it) is `ncclDevKernel_SendRecv`; RCCL adds `AllToAllPivot`. The first operation
+    word in the name decides (`ReduceScatter` before `Reduce`, `SendRecv` before `Send`)."""
     match = _COLLECTIVE.search(name)
     return _SNAKE.get(match.group(1).lower()) if match else None

@@ -9,6 +9,7 @@ shapes): then the TF32 peak is the reference.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -30,15 +31,24 @@ class DevicePeaks:
 
 def device_peaks(device_name: str, system: str | None = None) -> DevicePeaks:
     """The peaks of `device_name` (see the module docstring); `system` (preset or TOML) wins when given."""
-    from stepscope.spec.system import list_systems, load_system
+    from stepscope.spec.system import load_system
 
     if system:
         spec = load_system(system)
         return _from_system(spec, f"system {spec.name}")
-    for preset in list_systems():
+    return _preset_peaks(device_name)
+
+
+@functools.lru_cache(maxsize=64)
+def _preset_peaks(device_name: str) -> DevicePeaks:
+    """The peaks of the preset of that device name, else the published table's (once per device name and process,
+    not once per rank file)."""
+    from stepscope.spec.system import load_system, preset_of_device
+
+    preset = preset_of_device(device_name)
+    if preset is not None:
         spec = load_system(preset)
-        if spec.accelerator.name == device_name:
-            return _from_system(spec, f"preset {spec.name} (same device name)")
+        return _from_system(spec, f"preset {spec.name} (same device name)")
     from stepscope.spec.peaks import published_matrix_TFLOPps
 
     rates = published_matrix_TFLOPps(device_name)

@@ -2,7 +2,9 @@
 
 One record kind, `trace`, whose config field `record` says what it is: `rank` (the whole trace, HTA's numbers),
 `step` (one rank-step), `category` (one category of one rank-step), `collective`, `straggler` (one step across
-ranks), `kernel` and `cpu_op` (the top ones of a rank). `compare` reads the `step` records as measured steps.
+ranks), `kernel` and `cpu_op` (the top ones of a rank), `roofline` and `roofline_total`, `collective_size`,
+`critical_path` (one rank-step) and `job_critical_path` (one step across ranks). `compare` reads the `step` records
+as measured steps.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from typing import Any
 
 from stepscope.measure.categories import CATEGORIES
 from stepscope.traces.analyze import RankAnalysis, Window
+from stepscope.traces.critical_path_ranks import JobStepPath
 from stepscope.traces.ranks import StepAcrossRanks
 from stepscope.traces.roofline import totals
 
-STEP_COLUMNS = ["rank", "step", "step_ms", "cpu_step_ms", "idle_pct", "compute_pct", "non_compute_pct", "comm_ms",
-                "comm_exposed_ms", "comm_overlap_pct", "kernels", "launch_bound_kernels", "launch_bound", "queue_mean",
-                "queue_max"]
+STEP_COLUMNS = ["rank", "step", "step_ms", "cpu_step_ms", "host_ms", "idle_pct", "compute_pct", "non_compute_pct",
+                "comm_ms", "comm_exposed_ms", "comm_overlap_pct", "kernels", "launch_bound_kernels", "launch_bound",
+                "queue_mean", "queue_max", "launch_gap_us"]
 CATEGORY_COLUMNS = ["rank", "step", *[f"{c.replace(' ', '_')}_pct" for c in CATEGORIES]]
 
 
@@ -88,12 +91,18 @@ def critical_path_rows(ranks: list[RankAnalysis]) -> list[dict[str, Any]]:
     return rows
 
 
-def build_records(ranks: list[RankAnalysis], steps: list[StepAcrossRanks],
-                  launch_bound_share: float) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def job_path_rows(paths: list[JobStepPath]) -> list[dict[str, Any]]:
+    """Per step across ranks: the path's length, what bounds it, the rank whose work set most of it, ms per
+    category."""
+    return [path.row() for path in paths]
+
+
+def build_records(ranks: list[RankAnalysis], steps: list[StepAcrossRanks], launch_bound_share: float,
+                  paths: list[JobStepPath] = ()) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(config, metrics) of every record, in the order they are written."""
     out: list[tuple[dict[str, Any], dict[str, Any]]] = []
     files = sorted(str(r.path) for r in ranks)
-    # the traces analysed together are one job (`compare --trace` keeps one job's records apart from another's);
+    # the traces analysed together are one job (`compare --kind trace` keeps one job's records apart from another's);
     # resolved paths: the same files named from another folder are the same job
     job = hashlib.sha1("\n".join(sorted(str(r.path.resolve()) for r in ranks)).encode()).hexdigest()[:12]
     for rank in ranks:
@@ -127,18 +136,19 @@ def build_records(ranks: list[RankAnalysis], steps: list[StepAcrossRanks],
             out.append(({"record": "collective_size", **base, **{k: row[k] for k in ("collective", "bytes",
                                                                                          "group_size")}},
                         {k: row[k] for k in ("calls", "total_us", "mean_us")}))
-        for row in rank.collective_sizes:
-            out.append(({"record": "collective_size", **base, **{k: row[k] for k in ("collective", "bytes",
-                                                                                         "group_size")}},
-                        {k: row[k] for k in ("calls", "total_us", "mean_us")}))
         for path in rank.critical_path:
             out.append(({"record": "critical_path", **base, "step": path.step},
                         {**path.metrics(), **{f"{c.replace(' ', '_')}_ms": ms for c, ms in path.categories.items()}}))
         for row in rank.top_cpu_ops:
             out.append(({"record": "cpu_op", **base, "cpu_op": row["cpu_op"]},
                         {k: v for k, v in row.items() if k != "cpu_op"}))
+    world = ranks[0].world_size or len(ranks)
     for step in steps:
         row = step.row()
-        out.append(({"record": "straggler", "files": files, "world_size": ranks[0].world_size or len(ranks),
-                     "step": step.step}, {k: v for k, v in row.items() if k != "step"}))
+        out.append(({"record": "straggler", "files": files, "world_size": world, "step": step.step},
+                    {k: v for k, v in row.items() if k != "step"}))
+    for path in paths:
+        row = path.row()
+        out.append(({"record": "job_critical_path", "files": files, "job": job, "world_size": world,
+                     "step": path.step}, {k: v for k, v in row.items() if k != "step"}))
     return out

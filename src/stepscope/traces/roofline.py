@@ -167,7 +167,7 @@ def _owner(trace: RankTrace, parent: np.ndarray, tids: np.ndarray, times: np.nda
     starting at or before the time, else its enclosing ops in turn, until one still runs."""
     owner = np.full(len(tids), -1, np.int64)
     ends = trace.op_ts + trace.op_dur
-    for tid in np.unique(tids).tolist():
+    for tid in sorted(set(tids.tolist())):
         ops = np.flatnonzero(trace.op_tid == tid)
         if not len(ops):
             continue

@@ -15,20 +15,21 @@ From the shapes alone (`roofline` records, traces recorded with `record_shapes=T
   the tier its group fits in (intra when n <= domain size).
 With the traced run's model, workload and plan, the model then reproduces the trace's per-category times
 (`trace_categories`): each category's inverse rate is scaled by measured / predicted — matrix (the curve, so its
-shape stays) for matmul, flash for attention, the vector rate for vector, kernel overhead for overhead, the links
-for communication, the bandwidth for the optimizer (it streams weights, gradients and moments) — repeated until the
-predictions stop moving. The vector category is fitted by the vector rate, not the bandwidth, which the GEMMs share:
-the model's elementwise ops then run at the rate that gives the trace's elementwise time (a real step runs more
-elementwise kernels than the model counts: casts, rotary embeddings, masks). Where that rate makes the model's
-optimizer compute-bound, the bandwidth no longer moves it and its error stays (the table shows it).
-What the records cannot fit keeps `base`'s value, and
-every parameter says where its value comes from.
+shape stays) for matmul, flash for attention, the vector rate for vector, the links for communication, the
+bandwidth for the optimizer (it streams weights, gradients and moments) — repeated until the predictions stop
+moving. Overhead is not scaled: the kernel overhead is measured (the GPU's mean gap before a queued kernel, per
+model kernel), and the rest of the GPU's idle time is the host's (`trace_categories`: max(kernel overhead, host's
+issue time − the GPU's work)), read from the trace. The vector category is fitted by the vector rate, not the
+bandwidth, which the GEMMs share: the model's elementwise ops then run at the rate that gives the trace's
+elementwise time (a real step runs more elementwise kernels than the model counts: casts, rotary embeddings,
+masks). Where that rate makes the model's optimizer compute-bound, the bandwidth no longer moves it and its error
+stays (the table shows it).
+What the records cannot fit keeps `base`'s value, and every parameter says where its value comes from.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from statistics import median
@@ -37,7 +38,12 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import UsageError
-from stepscope.perfmodel.calibrate.trace_categories import measured_categories, predicted_categories, scaled
+from stepscope.perfmodel.calibrate.trace_categories import (
+    measured_categories,
+    model_kernels,
+    predicted_categories,
+    scaled,
+)
 from stepscope.perfmodel.model.ops import activation_precision
 from stepscope.spec import ModelSpec, Workload
 from stepscope.spec.plan import ParallelPlan
@@ -47,14 +53,16 @@ ROUNDS = 8
 RING = {"all_reduce": lambda n: (2 * (n - 1), 2 * (n - 1) / n), "all_gather": lambda n: (n - 1, (n - 1) / n),
         "reduce_scatter": lambda n: (n - 1, (n - 1) / n)}
 CATEGORIES = ("matmul", "attention", "vector", "optimizer", "overhead", "communication")
+KERNEL_GAP = "kernel gap"
 
 
 def fitted_by(precision: str, system: SystemSpec) -> dict[str, str]:
-    """The inverse rate each category is fitted by (see the module docstring)."""
+    """The inverse rate each category is fitted by (see the module docstring); overhead by none: the kernel
+    overhead is measured, the rest of it is the host's."""
     rates = system.accelerator.vector_TFLOPps
     apart = precision != "fp32" and "fp32" in rates and precision in rates
     return {"matmul": "matrix", "attention": "flash", "vector": f"vector:{precision}" if apart else "vector",
-            "optimizer": "bytes", "overhead": "overhead", "communication": "network"}
+            "optimizer": "bytes", "overhead": KERNEL_GAP, "communication": "network"}
 
 
 @dataclass
@@ -179,28 +187,55 @@ def _links(records: list[dict[str, Any]], base: SystemSpec, fit: TraceFit):
 
 def fit_model(records: list[dict[str, Any]], spec: ModelSpec, workload: Workload, plan: ParallelPlan,
               system: SystemSpec, fit: TraceFit) -> SystemSpec:
-    """Scale each category's inverse rate until the model's categories match the trace's (median over ranks)."""
+    """Scale each category's inverse rate until the model's categories match the trace's (median over ranks); the
+    kernel overhead from the GPU's gap before a queued kernel; overhead then follows from the host's time."""
     measured_by_rank = measured_categories(records)
     if not measured_by_rank:
         raise UsageError("no trace step records to fit the model to (a trace without ProfilerStep ranges)")
-    measured = {c: median(m[c] for m in measured_by_rank.values()) for c in next(iter(measured_by_rank.values()))}
-    start = predicted_categories(spec, workload, plan, system)
+    first = next(iter(measured_by_rank.values()))
+    measured = {c: median(m[c] for m in measured_by_rank.values() if c in m) for c in first}
+    host = measured.get("host")
+    start = predicted_categories(spec, workload, plan, system, host)
+    system = _kernel_overhead(measured, spec, workload, plan, system, fit)
     by = fitted_by(activation_precision(workload.precision), system)
     for _ in range(ROUNDS):
         predicted = predicted_categories(spec, workload, plan, system)
         for category, rate in by.items():
-            if measured[category] > 0 and predicted[category] > 0:
+            if rate != KERNEL_GAP and measured[category] > 0 and predicted[category] > 0:
                 system = scaled(system, rate, measured[category] / predicted[category])
-    final = predicted_categories(spec, workload, plan, system)
+    final = predicted_categories(spec, workload, plan, system, host)
     for category in CATEGORIES:
         if measured[category] == 0 and final[category] > 0:
             fit.notes.append(f"{category}: the trace has none, the model predicts {1e3 * final[category]:.3f} ms "
                              "(not fitted)")
+    work = sum(final[c] for c in CATEGORIES if c != "overhead")
+    if host is not None and host - work > final["overhead"] - 1e-12 and host > work:
+        fit.notes.append(f"host-bound: the host takes {1e3 * host:.1f} ms to issue a step of {measured['kernels']:.0f} "
+                         f"kernels ({1e6 * host / max(measured['kernels'], 1):.1f} µs each) and the GPU's work "
+                         f"{1e3 * work:.1f} ms, so the GPU idles the difference; predict and plan price the GPU's work "
+                         "(no host), so a plan that keeps this host is at least the host's time per step")
     fit.categories = [{"category": c, "measured_ms": 1e3 * measured[c], "base_ms": 1e3 * start[c],
                        "fitted_ms": 1e3 * final[c],
                        "fitted_error_pct": 100 * (final[c] - measured[c]) / measured[c] if measured[c] else None,
                        "fitted_by": by[c]} for c in CATEGORIES]
     return _normalised(system)
+
+
+def _kernel_overhead(measured: dict[str, float], spec: ModelSpec, workload: Workload, plan: ParallelPlan,
+                     system: SystemSpec, fit: TraceFit) -> SystemSpec:
+    """The kernel overhead: the GPU's mean gap before a queued kernel times the trace's kernels per model kernel
+    (the model prices fewer, larger kernels than a real step runs: casts, copies, fused pieces apart)."""
+    if "gap" not in measured:
+        fit.notes.append("no kernel waited in the queue (or no launch calls): the kernel overhead keeps the base's "
+                         f"{system.accelerator.kernel_overhead_us:g} µs")
+        return system
+    kernels = model_kernels(spec, workload, plan, system)
+    overhead = 1e6 * measured["gap"] * measured["kernels"] / kernels
+    fit.add("kernel_overhead_us", system.accelerator.kernel_overhead_us, overhead,
+            f"GPU gap {1e6 * measured['gap']:.2f} µs before a queued kernel x {measured['kernels']:.0f} trace kernels "
+            f"per {kernels:.0f} model kernels")
+    return dataclasses.replace(system, accelerator=dataclasses.replace(system.accelerator,
+                                                                      kernel_overhead_us=overhead))
 
 
 def _normalised(system: SystemSpec) -> SystemSpec:
@@ -217,71 +252,3 @@ def _normalised(system: SystemSpec) -> SystemSpec:
     if acc.flash_efficiency <= 0 or not math.isfinite(acc.flash_efficiency):
         raise UsageError("the fit gave no finite flash efficiency")
     return dataclasses.replace(system, accelerator=acc)
-
-
-@dataclass(frozen=True)
-class TraceCalibrationConfig:
-    """Which trace records, the system the fit starts from, the traced run (optional) and where the result goes."""
-
-    records: tuple[str, ...] = ()
-    """Record files or folders holding one job's `trace` records."""
-    base: str | None = None
-    """System preset or TOML the fit starts from (None: the preset whose accelerator is the trace's device)."""
-    system_out: str = "calibrated.toml"
-    name: str = "calibrated-from-trace"
-    model: ModelSpec | None = None
-    """The traced run's model (None: fit from the shapes only)."""
-    workload: Workload | None = None
-    plan: ParallelPlan | None = None
-
-
-def trace_records(paths: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The `trace` records of one job in `paths` (UsageError: none, or several jobs)."""
-    from stepscope.results.store import read_records
-
-    found = [r for r in read_records(*paths) if r.get("kind") == "trace" and r.get("status", "ok") == "ok"]
-    # the same trace analysed again writes the same records again: the latest of each counts once
-    records = list({json.dumps(r["config"], sort_keys=True, default=str): r for r in found}.values())
-    if not records:
-        raise UsageError(f"no trace records in {', '.join(paths)}")
-    jobs = {r["config"].get("job") for r in records} - {None}
-    if len(jobs) > 1:
-        raise UsageError(f"the records hold {len(jobs)} traced jobs: give one job's records")
-    return records
-
-
-def base_system(records: list[dict[str, Any]], base: str | None) -> SystemSpec:
-    """`base`, else the preset of the traced device (CPU for stepscope's own CPU traces)."""
-    from stepscope.spec.system import list_systems, load_system
-
-    if base:
-        return load_system(base)
-    devices = {r["config"].get("device") for r in records} - {None}
-    for device in devices:
-        for preset in list_systems():
-            if load_system(preset).accelerator.name == device or (device == "CPU" and preset == "CPU"):
-                return load_system(preset)
-    raise UsageError(f"no system preset for the traced device {', '.join(map(str, devices)) or '(unnamed)'}: "
-                     "name one with --base")
-
-
-def calibrate_from_trace(config: TraceCalibrationConfig) -> TraceFit:
-    """The fitted system (see the module docstring); nothing written."""
-    records = trace_records(config.records)
-    base = base_system(records, config.base)
-    fit = TraceFit(base)
-    system = fit_shapes(records, base, fit)
-    if config.model is not None and config.workload is not None and config.plan is not None:
-        config.plan.check(config.model, config.workload.batch, config.workload.seq, None)
-        system = fit_model(records, config.model, config.workload, config.plan, system, fit)
-        for category in fit.categories:
-            if category["measured_ms"] > 0:
-                fit.add(f"{category['fitted_by']} (to {category['category']})", None, category["fitted_ms"],
-                        f"measured {category['measured_ms']:.3f} ms per step")
-    else:
-        fit.notes.append("no --model: the per-category times (kernel overhead, bandwidth and curve level as the "
-                         "model uses them) are not fitted; give the traced run's --model and plan to fit them")
-    fit.system = dataclasses.replace(system, name=config.name,
-                                     description=f"fitted by stepscope calibrate --trace to {len(records)} trace "
-                                                 f"records, from {base.name}")
-    return fit

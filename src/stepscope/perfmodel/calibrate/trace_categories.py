@@ -5,7 +5,19 @@ model), in the same six categories, so a trace can calibrate the model and be co
     communication (exposed), overhead (GPU idle: launch and host gaps)
 
 Measured: the median over a rank's steps of each category's kernel time (`category` records; `vector` sums the
-categories not named here), the exposed communication and the idle time of its `step` records.
+categories not named here), the exposed communication and the idle time of its `step` records; and of the host's
+time to issue a step (`host_ms`), its kernels and the GPU's gap before a queued kernel (`launch_gap_us`).
+
+Overhead is GPU idle, and it has two causes. The GPU's own cost per kernel (a gap of about 2 µs before each kernel,
+seen where kernels wait in the queue): the model's kernel overhead, paid once per kernel. And the host: the GPU
+cannot run a kernel before the host has issued it, so a step lasts at least the host's issue time H, whatever the
+GPU does meanwhile; when the GPU's work W (the other five categories) is shorter, it idles H − W in all. So
+
+    overhead = max(kernels × kernel overhead, H − W)
+
+(the kernel gaps then fall inside the host's time). H is the host's, not the model's: it is read from the trace the
+prediction is put next to (`host_s`), as the batch and the plan are. Without it, overhead is the kernel overhead
+alone (a GPU-bound run).
 
 Predicted, through the public model only (`evaluate`): a step's time is a sum over ops of max(compute, memory) +
 overhead, plus exposed collectives, and every term is proportional to one inverse rate (1/matrix peak, 1/flash
@@ -74,9 +86,10 @@ def attributed(spec: ModelSpec, workload: Workload, plan: ParallelPlan,
     return out
 
 
-def predicted_categories(spec: ModelSpec, workload: Workload, plan: ParallelPlan,
-                         system: SystemSpec) -> dict[str, float]:
-    """Seconds per category of one predicted step (see the module docstring); they add up to the step."""
+def predicted_categories(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: SystemSpec,
+                         host_s: float | None = None) -> dict[str, float]:
+    """Seconds per category of one predicted step (see the module docstring); they add up to the step. `host_s`: the
+    host's time to issue a step, measured (None: not known, no host-bound idle)."""
     shares = attributed(spec, workload, plan, system)
 
     def over(rate: str, causes: tuple[str, ...]) -> float:
@@ -84,11 +97,22 @@ def predicted_categories(spec: ModelSpec, workload: Workload, plan: ParallelPlan
 
     compute = (*PASSES, "optimizer")
     total = shares["total"]
-    return {"matmul": over("matrix", PASSES) - over("flash", PASSES), "attention": over("flash", PASSES),
-            "vector": over("vector", PASSES) + over("bytes", PASSES),
-            "optimizer": over("vector", ("optimizer",)) + over("bytes", ("optimizer",)),
-            "communication": sum(total.get(c, 0.0) for c in (*COMM_CAUSES, "bubble")),
-            "overhead": over("overhead", compute)}
+    out = {"matmul": over("matrix", PASSES) - over("flash", PASSES), "attention": over("flash", PASSES),
+           "vector": over("vector", PASSES) + over("bytes", PASSES),
+           "optimizer": over("vector", ("optimizer",)) + over("bytes", ("optimizer",)),
+           "communication": sum(total.get(c, 0.0) for c in (*COMM_CAUSES, "bubble")),
+           "overhead": over("overhead", compute)}
+    if host_s is not None:  # the GPU waits for the host (see the module docstring)
+        work = sum(seconds for category, seconds in out.items() if category != "overhead")
+        out["overhead"] = max(out["overhead"], host_s - work)
+    return out
+
+
+def model_kernels(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: SystemSpec) -> float:
+    """Kernels the model launches per step (its kernel overhead's share of the step over the overhead per kernel)."""
+    shares = attributed(spec, workload, plan, system)
+    seconds = sum(shares["overhead"].get(c, 0.0) for c in (*PASSES, "optimizer"))
+    return seconds / (system.accelerator.kernel_overhead_us * 1e-6)
 
 
 def measured_categories(records: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
@@ -105,6 +129,10 @@ def measured_categories(records: list[dict[str, Any]]) -> dict[int, dict[str, fl
             row["communication"] = float(metrics.get("comm_exposed_ms") or 0.0) / 1e3
             row["overhead"] = float(metrics.get("idle_ms") or 0.0) / 1e3
             row["step"] = float(metrics.get("step_ms") or 0.0) / 1e3
+            row["kernels"] = float(metrics.get("kernels") or 0.0)
+            for key, name, scale in (("host_ms", "host", 1e-3), ("launch_gap_us", "gap", 1e-6)):
+                if metrics.get(key) is not None:
+                    row[name] = float(metrics[key]) * scale
         elif config.get("record") == "category":
             category = config.get("category")
             if category == "communication":
@@ -115,16 +143,23 @@ def measured_categories(records: list[dict[str, Any]]) -> dict[int, dict[str, fl
     for (rank, _), row in steps.items():
         if "step" in row:
             by_rank.setdefault(rank, []).append(row)
-    return {rank: {c: median(r[c] for r in rows) for c in (*CATEGORIES, "step")}
-            for rank, rows in sorted(by_rank.items())}
+    out = {}
+    for rank, rows in sorted(by_rank.items()):
+        out[rank] = {c: median(r[c] for r in rows) for c in (*CATEGORIES, "step", "kernels")}
+        for optional in ("host", "gap"):  # traces without launch calls, or with no kernel queued, have none
+            values = [r[optional] for r in rows if optional in r]
+            if values:
+                out[rank][optional] = median(values)
+    return out
 
 
 def category_rows(spec: ModelSpec, workload: Workload, plan: ParallelPlan, system: SystemSpec,
                   records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per rank and category: measured (median over the rank's steps) and predicted ms per step, and the error."""
-    predicted = predicted_categories(spec, workload, plan, system)
+    """Per rank and category: measured (median over the rank's steps) and predicted ms per step (given the rank's
+    measured host time), and the error."""
     rows = []
     for rank, measured in measured_categories(records).items():
+        predicted = predicted_categories(spec, workload, plan, system, measured.get("host"))
         for category in CATEGORIES:
             m, p = 1e3 * measured[category], 1e3 * predicted[category]
             rows.append({"rank": rank, "category": category, "measured_ms": m, "predicted_ms": p,

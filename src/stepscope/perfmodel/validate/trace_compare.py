@@ -2,9 +2,11 @@
 plan and system: step time, and its split into computation and exposed communication.
 
 The trace's split is HTA's: compute = the union of computation kernels; exposed communication = communication
-kernel time not under a computation kernel; idle = GPU time with no kernel at all (the model predicts none, so it
-shows as step time the prediction misses). The model's: compute = forward, backward, recompute and optimizer work;
-exposed communication = the tp, cp, pp and dp collectives it does not hide; bubble = pipeline idle.
+kernel time not under a computation kernel; idle = GPU time with no kernel at all. The model prices the GPU's work;
+a step also lasts at least the host's time to issue it (`host_ms`, measured in the trace), so the predicted step is
+the longer of the two (`calibrate/trace_categories.py`: where the host is longer, the GPU idles the difference).
+The model's: compute = forward, backward, recompute and optimizer work; exposed communication = the tp, cp, pp and
+dp collectives it does not hide; bubble = pipeline idle.
 Per rank, the median over its steps, from the records of one traced job (`one_job`). Appends one `compare` record
 per rank (`source: trace`).
 """
@@ -84,8 +86,12 @@ def measured_by_rank(records: list[dict[str, Any]]) -> dict[int, dict[str, float
     by_rank: dict[int, list[dict[str, Any]]] = {}
     for record in records:
         by_rank.setdefault(int(record["config"].get("rank", 0)), []).append(record["metrics"])
-    return {rank: {"steps": len(rows), **{k: median(float(r[k]) for r in rows) for k in MEASURED}}
-            for rank, rows in sorted(by_rank.items())}
+    out = {}
+    for rank, rows in sorted(by_rank.items()):
+        out[rank] = {"steps": len(rows), **{k: median(float(r[k]) for r in rows) for k in MEASURED}}
+        hosts = [float(r["host_ms"]) for r in rows if r.get("host_ms") is not None]
+        out[rank]["host_ms"] = median(hosts) if hosts else None
+    return out
 
 
 @dataclass(frozen=True)
@@ -123,12 +129,14 @@ def run_trace_compare(config: TraceCompareConfig, out: str | os.PathLike | None 
         plan = config.plan
         row: dict[str, Any] = {"rank": rank, "steps": values["steps"], "model": config.model.name,
                                "plan": f"dp{plan.dp} tp{plan.tp} pp{plan.pp} cp{plan.cp} mb{plan.micro_batch}"}
+        step = max(predicted["step_ms"], values["host_ms"] or 0.0)  # the GPU cannot outrun the host
         for key in ("step_ms", "compute_ms", "comm_exposed_ms"):
             row[key.replace("_ms", "_measured_ms")] = values[key]
-            row[key.replace("_ms", "_predicted_ms")] = predicted[key]
+            row[key.replace("_ms", "_predicted_ms")] = step if key == "step_ms" else predicted[key]
         row["idle_measured_ms"] = values["idle_ms"]
+        row["host_measured_ms"] = values["host_ms"]
         row["bubble_predicted_ms"] = predicted["bubble_ms"]
-        row["step_error_pct"] = (100 * (predicted["step_ms"] - values["step_ms"]) / values["step_ms"]
+        row["step_error_pct"] = (100 * (step - values["step_ms"]) / values["step_ms"]
                                  if values["step_ms"] > 0 else None)  # a step of no GPU time has no error
         rows.append({k: v for k, v in row.items() if v is not None})
         records.append({"source": "trace", "rank": rank, "model": config.model.name, **config.workload.to_dict(),
