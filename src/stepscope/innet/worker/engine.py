@@ -263,13 +263,7 @@ class Engine:
             self._on_control(batch.datagram(i))
 
     def _on_results(self, h: np.ndarray, batch: batch_io.Datagrams, where: np.ndarray) -> None:
-        payload = batch.offsets[where] + p.HEADER_BYTES
-
-        def values(at: np.ndarray, width: int) -> np.ndarray:
-            every = np.lib.stride_tricks.sliding_window_view(batch.buffer, 4 * width)
-            return every[payload[at]].view("<i4")
-
-        indices = self.stream.apply(h, values, lambda i: batch.datagram(int(where[i])))
+        indices = self.stream.apply(h, batch.buffer, batch.offsets[where], lambda i: batch.datagram(int(where[i])))
         if len(indices):
             self.last_progress = time.monotonic()
             self.window.answer(indices, self.last_progress)

@@ -99,9 +99,9 @@ class Stream:
         return [(self.order[i], index[which == i] - self.order[i].base, slots[which == i])
                 for i in np.unique(which).tolist()]
 
-    def apply(self, h: np.ndarray, values: Callable[[np.ndarray, int], np.ndarray],
+    def apply(self, h: np.ndarray, buffer: np.ndarray, offsets: np.ndarray,
               datagram: Callable[[int], bytes]) -> np.ndarray:
-        """Take a batch of RESULT packets (headers `h`; `values(positions, width)` their values, `datagram(i)`
+        """Take a batch of RESULT packets (headers `h`, the datagrams at byte `offsets` of `buffer`; `datagram(i)`
         one of them as bytes); returns the stream indices they completed (stashed, duplicate, foreign: none)."""
         applied = []
         op_ids = h["op"]
@@ -127,7 +127,7 @@ class Stream:
                                  f"job's result history behind)")
             fresh &= op.results_fit(np.maximum(q, 0), h["count"][mine].astype(np.int64))
             take = mine[fresh]
-            op.take_results(q[fresh], p.take_headers(h, take), lambda at, width, take=take: values(take[at], width))
+            op.take_results(q[fresh], h if op.native is not None else p.take_headers(h, take), buffer, offsets[take])
             self.counters.results += len(take)
             index = op.base + q[fresh]
             slot = index % self.s
