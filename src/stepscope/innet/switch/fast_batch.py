@@ -68,7 +68,7 @@ class FastBatches:
             order, pointer, length, dest = self.entries[:, :count]
             if collect is None:
                 self.switch._send_pointers(pointer, length, dest)
-            else:  # the rows may take new blocks before the collector sends: copies
-                collect.add_copies(order, pointer, length, dest)
+            else:  # the rows may take new blocks before the collector sends: copies (of the entries too)
+                collect.add_copies(order.copy(), pointer, length.copy(), dest.copy())
         self.fill[0] = self.fill[1] = 0
         self.fill[2] += 1

@@ -62,7 +62,7 @@ class Switch:
     def __init__(self, config: SwitchConfig | None = None, data_path: str | None = None) -> None:
         keep_freed_memory()
         self.config = config = config or SwitchConfig()
-        native = fastpath.resolve(data_path)
+        self.native = native = fastpath.resolve(data_path)
         self.fast = FastBatches(native, self) if native is not None else None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER_BYTES)
@@ -233,7 +233,8 @@ class Switch:
                     job.counters["bad"] += len(h)
                 self.counters["bad"] += job.counters["bad"] - bad
 
-    def _control(self, header: np.ndarray | None, index: int, batch: batch_io.Datagrams, now: float, outbox: Outbox) -> None:
+    def _control(self, header: np.ndarray | None, index: int, batch: batch_io.Datagrams, now: float,
+                 outbox: Outbox) -> None:
         """JOIN, LEAVE, STATS (and packets a worker never sends), one at a time."""
         data = batch.datagram(index)
         key = int(batch.sources[index])
