@@ -9,8 +9,9 @@ CSRC = "src/stepscope/innet/csrc"
 
 setup(ext_modules=[Extension(
     "stepscope.innet._fastpath",
-    sources=[f"{CSRC}/{name}.c" for name in ("module", "mmsg_io", "switch_batch", "worker_blocks")],
-    depends=[f"{CSRC}/fastpath.h"],
+    sources=[f"{CSRC}/{name}.c" for name in ("module", "mmsg_io", "switch_state", "switch_batch", "switch_drain",
+                                             "worker_blocks", "worker_results")],
+    depends=[f"{CSRC}/fastpath.h", f"{CSRC}/switch.h", f"{CSRC}/worker.h"],
     # exact float arithmetic (no fused multiply-adds, no fast-math: results equal numpy's to the bit); nothing
     # reads floating-point exception flags or errno, which lets the quantization loop vectorize
     extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-fno-math-errno"],

@@ -230,3 +230,151 @@ def test_the_environment_chooses_the_path_and_a_missing_extension_leaves_numpy(m
         from stepscope.innet.switch.process import probe
 
         assert probe(address(switch))["fast_path"] == 0
+
+
+def test_the_c_receive_loop_answers_control_packets_in_their_place_among_data():
+    """A JOIN, then DATA packets with switch-counter requests among them, all queued before the switch reads: the C
+    drain stops at each request, the Python handler answers it, the rest of the batch goes on; every answer comes
+    back in the order of the requests, and the switch counted every datagram."""
+    import socket
+
+    switch = Switch(SwitchConfig(port=0), data_path="c")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    sock.connect(switch.address)
+    sent = [("joined", p.pack(p.JOIN, 5, 0, 0, 0, 0, 1, 0, values=p.JoinParams(2, 4, 16, 8).to_values()))]
+    for i in range(300):  # world 1: every DATA packet completes its block at once
+        if i % 7 == 3:
+            sent.append(("stats", p.pack(p.STATS, 0, 0, 0, 0, 0, 0, 0)))
+        else:
+            slot, version = i % 4, (i // 4) % 2
+            sent.append(("data", p.pack(p.DATA, 5, i + 1, 0, slot, 0, 1, version, values=np.array([i, -i], np.int32))))
+    for _, datagram in sent:
+        sock.send(datagram)
+    stops = []
+    drain = switch.fast.process
+    switch.fast.process = lambda batch, now, collect=None, control_at=None: (  # noqa: E731
+        stops.append(control_at), drain(batch, now, collect, control_at))
+    with switch:  # serves from here: the whole burst is queued
+        sock.settimeout(2.0)
+        answers = [p.unpack(sock.recv(4096)) for _ in sent]
+        kinds = {p.JOINED: "joined", p.STATS_REPLY: "stats", p.RESULT: "data"}
+        assert [kinds[h.type] for h in answers] == [kind for kind, _ in sent]
+        assert [h.op for h in answers if h.type == p.RESULT] == [i + 1 for i in range(300) if i % 7 != 3]
+        assert switch.counters["rx"] == len(sent) and switch.counters["bad"] == 0
+        assert switch.counters["internal_errors"] == 0 and switch.jobs[5].counters["ok"] == len(answers) - 44
+    assert len(stops) >= 4 and max(stops) > 0  # each batch stopped at its first request, within the batch
+    sock.close()
+
+
+def _two_streams(rng: np.random.Generator, slots: int):
+    """The same three ops (float average, int sum, float sum; n not a multiple of k) admitted to a numpy stream
+    and to a C one, with the same agreed exponents."""
+    from stepscope.innet.worker.stream import Stream, WorkerCounters
+
+    streams, admitted = {}, {}
+    for path in ("numpy", "c"):
+        native = fastpath.resolve(path)
+        stream = Stream(slots, rank=1, stash_limit_bytes=1 << 20, counters=WorkerCounters(), native=native)
+        specs = [(np.float32, True, 400), (np.int32, False, 301), (np.float32, False, 20)]
+        admitted[path] = []
+        for op_id, (dtype, average, n) in enumerate(specs, start=1):
+            values = np.random.default_rng(op_id).standard_normal(n).astype(dtype) * 100
+            admitted[path].append(Op(op_id, values, average=average, min_count=2, preemptive=False,
+                                     values_per_packet=8, slots=slots, world=3, data_path=path))
+            stream.admit(admitted[path][-1], lambda stashed: None)
+        streams[path] = stream
+    return streams, admitted
+
+
+def test_a_batch_of_results_is_taken_in_c_with_the_numpy_streams_decisions():
+    """Results of three ops in flight, out of order, duplicated within and across batches, some with offsets that
+    fit no packet or counts that do not fit the block, some completed by the timeout: the C batch path and the
+    numpy path end in the same tensors, counts, slot bookkeeping and finished ops."""
+    rng = np.random.default_rng(12)
+    slots = 16
+    streams, admitted = _two_streams(rng, slots)
+    ops = admitted["c"]
+    packets = [(op, q) for op in ops for q in range(op.packets)]
+    left_to_numpy = 0
+    for batch_number in range(12):
+        chosen = [packets[i] for i in rng.integers(0, len(packets), 40)]
+        datagrams = []
+        for op, q in chosen:
+            prologue = q < op.prologue
+            block = q if prologue else q - op.prologue
+            count = 0 if prologue else min(op.k, op.n - block * op.k)
+            offset = block * op.k + (3 if rng.random() < 0.05 else 0)  # now and then: fits no packet
+            count += int(rng.random() < 0.05)  # now and then: not the block's size
+            datagrams.append(p.pack(p.RESULT, 4, op.op_id, offset, (op.base + q) % slots, p.SWITCH_RANK, 3,
+                                    (p.PROLOGUE if prologue else 0) | int(rng.choice([0, p.TIMEOUT])),
+                                    contributors=int(rng.integers(1, 4)), exponent=int(rng.integers(-5, 9)),
+                                    next_exponent=int(rng.integers(-5, 9)),
+                                    values=rng.integers(-(2**31), 2**31, count).astype(np.int32)))
+        lengths = np.array([len(d) for d in datagrams])
+        offsets = np.cumsum([0, *(lengths[:-1] + 1)])  # odd offsets
+        buffer = np.zeros(int(offsets[-1] + lengths[-1]) + 64, np.uint8)
+        for datagram, offset in zip(datagrams, offsets, strict=True):
+            buffer[offset:offset + len(datagram)] = np.frombuffer(datagram, np.uint8)
+        from stepscope.innet.wire.batch_io import Datagrams
+
+        batch = Datagrams(buffer, offsets, lengths)
+        assert streams["numpy"].apply_batch(batch, 4) is None  # the numpy stream has no C path
+        headers, valid = p.parse_headers(buffer, offsets, lengths)
+        expected = streams["numpy"].apply(headers, buffer, offsets, lambda i: b"")
+        got = streams["c"].apply_batch(batch, 4)
+        if got is None:  # results for an op that finished already: as the engine does, the numpy stream decides
+            left_to_numpy += 1
+            got = streams["c"].apply(headers, buffer, offsets, lambda i: b"")
+        assert sorted(got.tolist()) == sorted(expected.tolist()), batch_number
+        a, b = streams["c"], streams["numpy"]
+        assert a.counters == b.counters and np.array_equal(a.slot_next, b.slot_next)
+        assert sorted(a.ops) == sorted(b.ops)
+    for a, b in zip(admitted["c"], admitted["numpy"], strict=True):
+        assert np.array_equal(a.array.view(np.int32), b.array.view(np.int32)) and np.array_equal(a.done, b.done)
+        assert np.array_equal(a.agreed, b.agreed) and np.array_equal(a.contributors, b.contributors)
+        assert (a.remaining, a.timed_out_blocks) == (b.remaining, b.timed_out_blocks)
+    assert streams["c"].counters.duplicate_results > 20 and streams["c"].counters.results > 100
+    assert 3 not in streams["c"].ops and 3 not in streams["numpy"].ops  # finished, on both
+    assert 0 < left_to_numpy < 6  # results for a finished op went to the numpy stream; most batches to C
+
+
+@pytest.mark.parametrize("odd", ["old", "status", "other job", "future op"])
+def test_a_batch_the_c_path_does_not_decide_is_left_to_the_numpy_stream(odd):
+    rng = np.random.default_rng(3)
+    stream = _two_streams(rng, 16)[0]["c"]
+    op = stream.ops[1]
+    usual = p.pack(p.RESULT, 4, 1, 0, op.base % 16, p.SWITCH_RANK, 3, p.PROLOGUE, contributors=3, next_exponent=2)
+    other = {"old": p.pack(p.RESULT, 4, 1, 8, 1, p.SWITCH_RANK, 3, p.PROLOGUE | p.OLD),
+             "status": p.pack(p.STATUS, 4, 1, 0, 0, p.SWITCH_RANK, 3, 0, values=np.array([3], np.int32)),
+             "other job": p.pack(p.RESULT, 5, 1, 8, 1, p.SWITCH_RANK, 3, p.PROLOGUE),
+             "future op": p.pack(p.RESULT, 4, 9, 0, 1, p.SWITCH_RANK, 3, 0)}[odd]
+    datagrams = [usual, other]
+    lengths = np.array([len(d) for d in datagrams])
+    buffer = np.zeros(int(lengths.sum()) + 64, np.uint8)
+    buffer[:int(lengths.sum())] = np.frombuffer(b"".join(datagrams), np.uint8)
+    from stepscope.innet.wire.batch_io import Datagrams
+
+    assert stream.apply_batch(Datagrams(buffer, np.array([0, len(usual)]), lengths), 4) is None
+    assert not op.done.any() and stream.counters.results == 0  # nothing taken: the whole batch goes to `apply`
+
+
+def test_only_the_first_copy_of_a_result_in_a_batch_counts_even_when_it_does_not_fit_its_block():
+    from stepscope.innet.wire.batch_io import Datagrams
+
+    streams, admitted = _two_streams(np.random.default_rng(4), 16)
+    op = admitted["c"][1]  # int32 sum, no prologue: packet 0 is block 0 (8 values)
+    right = p.pack(p.RESULT, 4, 2, 0, op.base % 16, p.SWITCH_RANK, 3, 0, contributors=3,
+                   values=np.arange(8, dtype=np.int32))
+    wrong = right[:24] + (7).to_bytes(2, "little") + right[26:-4]  # 7 values: not the block's size
+    for datagrams, taken in (([wrong, right], 0), ([right, right], 1)):
+        lengths = np.array([len(d) for d in datagrams])
+        buffer = np.zeros(int(lengths.sum()) + 64, np.uint8)
+        buffer[:int(lengths.sum())] = np.frombuffer(b"".join(datagrams), np.uint8)
+        offsets = np.array([0, lengths[0]])
+        headers, _ = p.parse_headers(buffer, offsets, lengths)
+        before = streams["c"].counters.results
+        got = streams["c"].apply_batch(Datagrams(buffer, offsets, lengths), 4)
+        expected = streams["numpy"].apply(headers, buffer, offsets, lambda i: b"")
+        assert got.tolist() == expected.tolist() and streams["c"].counters.results - before == taken
+        assert streams["c"].counters == streams["numpy"].counters

@@ -61,16 +61,26 @@ void write_header(uint8_t *d, int type, uint32_t job, uint32_t op, uint32_t offs
  * otherwise. The view must be released with PyBuffer_Release. */
 void *array_of(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t items, int writable, char kind);
 
-/* mmsg_io.c */
+/* mmsg_io.c: the system calls without the interpreter (call them with the GIL released) */
+#define MAX_MESSAGES 256 /* messages one receive call takes at most */
+#define GRO_SEGMENTS 128 /* the most datagrams the kernel puts in one received message (batch_io.GRO_SEGMENTS) */
+/* one recvmmsg: the datagrams' offsets, lengths (-1: cut short) and sources; their count, or -errno */
+Py_ssize_t recv_into(int fd, uint8_t *buffer, int messages, Py_ssize_t message_bytes, int gro, int64_t *offsets,
+                     int64_t *lengths, uint64_t *sources, Py_ssize_t capacity);
+/* send a queue (reordered in place, by destination); -1 when out of memory; *code: ECONNREFUSED or 0 */
+int send_queue(int fd, uint64_t *ptr, int64_t *length, int64_t *dest, Py_ssize_t count, const uint8_t *names,
+               int *gso, long long *sent, long long *dropped, int *code);
 PyObject *fp_recv_batch(PyObject *self, PyObject *args);
 PyObject *fp_send_batch(PyObject *self, PyObject *args);
-/* switch_batch.c */
+/* switch_state.c, switch_batch.c, switch_drain.c */
 extern PyTypeObject SwitchJobStateType;
 PyObject *fp_switch_batch(PyObject *self, PyObject *args);
-int switch_batch_init(void);
-/* worker_blocks.c */
+PyObject *fp_switch_drain(PyObject *self, PyObject *args);
+int switch_state_init(void);
+/* worker_blocks.c, worker_results.c */
 PyObject *fp_block_exponents(PyObject *self, PyObject *args);
 PyObject *fp_build_packets(PyObject *self, PyObject *args);
 PyObject *fp_take_results(PyObject *self, PyObject *args);
+PyObject *fp_take_batch(PyObject *self, PyObject *args);
 
 #endif

@@ -52,12 +52,17 @@ static PyMethodDef methods[] = {
     {"switch_batch", fp_switch_batch, METH_VARARGS,
      "switch_batch(jobs, buffer, offsets, lengths, sources, start, now, outbox, scratch, fill) -> "
      "(next, stop, switch_bad)"},
+    {"switch_drain", fp_switch_drain, METH_VARARGS,
+     "switch_drain(fd, jobs, buffer, messages, message_bytes, gro, offsets, lengths, sources, outbox, scratch, fill, "
+     "names, gso, rounds) -> (stop, count, next, received, switch_bad, sent, dropped, gso, errno)"},
     {"block_exponents", fp_block_exponents, METH_VARARGS,
      "block_exponents(values, k, out) -> 0, 1 (inf or nan) or 2 (|x| >= 2**127)"},
     {"build_packets", fp_build_packets, METH_VARARGS, "build_packets(op, q, out, rows, versions, job, rank, lengths, "
      "clipped) -> packets clipped, or -1 (a data block without its agreed exponent)"},
     {"take_results", fp_take_results, METH_VARARGS,
      "take_results(op, buffer, offsets, q) -> blocks completed by timeout or fastest-K"},
+    {"take_batch", fp_take_batch, METH_VARARGS, "take_batch(ops, buffer, offsets, lengths, job, tag, out) -> "
+     "(results taken, duplicates), their stream indices in out; None: a batch for Python's Stream.apply"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -68,7 +73,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
-    if (PyType_Ready(&SwitchJobStateType) < 0 || switch_batch_init() < 0)
+    if (PyType_Ready(&SwitchJobStateType) < 0 || switch_state_init() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -3,22 +3,14 @@
  * build_packets:   packets of an op written into rows of the send window: header, then the block's values,
  *                  float32 quantized with the agreed exponent (round half to even, clipped to +-INT32_MAX / n)
  *                  or int32 copied;
- * take_results:    a batch of the op's results: agreed exponents, then the values written into the tensor
- *                  (dequantized and divided by the contributors for an average; int32 averages divide toward
- *                  zero), contributor counts, done marks.
+ * (the results: worker_results.c).
  * The quantization is exact against numpy because every step is one IEEE operation in the same order
  * (float32 -> float64, multiply, round, clip; int -> float64, divide by scale x divisor, -> float32), and the
  * build refuses contraction into fused multiply-adds (-ffp-contract=off). */
-#include "fastpath.h"
+#include "worker.h"
 
-#include <math.h>
-
-#define INT32_MAX_ 2147483647.0
 #define MIN_EXPONENT (-126)
 #define MAX_EXPONENT 127
-
-/* f = INT32_MAX / (n * 2^e), as quantize.scales computes it */
-static inline double scale(int64_t world, int exponent) { return INT32_MAX_ / ((double)world * ldexp(1.0, exponent)); }
 
 /* A block's quantized values: round(x * f) clipped to +-limit, as int32. Clipping first gives what rounding first
  * gives (the limit is whole); rounding half to even by adding and removing 1.5 x 2^52 (the default rounding
@@ -34,12 +26,6 @@ static void quantize_block(int32_t *restrict out, const float *restrict x, int64
         int32_t word = (int32_t)(y == y ? whole : 0.0);
         out[j] = y == y ? word : INT32_MIN;
     }
-}
-
-/* A block's results: the int32 sums divided by scale x divisor, as float32 */
-static void dequantize_block(float *restrict out, const i32u *restrict values, int64_t n, double divisor) {
-    for (int64_t j = 0; j < n; j++)
-        out[j] = (float)((double)values[j] / divisor);
 }
 
 /* The largest |x| of a block; `bad` set where one is inf or nan. Compared as bit patterns: the magnitudes of
@@ -91,18 +77,7 @@ PyObject *fp_block_exponents(PyObject *self, PyObject *args) {
 }
 
 /* ---- what the loops need of an `worker.op.Op` ------------------------------------------------------------ */
-enum { V_ARRAY, V_AGREED, V_OWN, V_CONTRIBUTORS, V_DONE, VIEWS };
-typedef struct {
-    Py_buffer views[VIEWS];
-    int held;
-    void *array;
-    int16_t *agreed, *own;
-    int32_t *contributors;
-    uint8_t *done;
-    int64_t n, k, blocks, prologue, world, op_id, min_count, op_flags, quantized, average;
-} OpView;
-
-static void release(OpView *v) {
+void op_release(OpView *v) {
     for (int i = 0; i < VIEWS; i++)
         if (v->held & (1 << i))
             PyBuffer_Release(&v->views[i]);
@@ -120,13 +95,13 @@ static void *op_array(OpView *v, int index, PyObject *op, const char *name, Py_s
     return data;
 }
 
-static int op_view(OpView *v, PyObject *op) {
+int op_view(OpView *v, PyObject *op) {
     memset(v, 0, sizeof *v);
     const char *names[] = {"n", "k", "blocks", "prologue", "world", "op_id", "min_count", "op_flags", "quantized",
-                           "average"};
+                           "average", "base"};
     int64_t *fields[] = {&v->n, &v->k, &v->blocks, &v->prologue, &v->world, &v->op_id, &v->min_count,
-                         &v->op_flags, &v->quantized, &v->average};
-    for (int i = 0; i < 10; i++) {
+                         &v->op_flags, &v->quantized, &v->average, &v->base};
+    for (int i = 0; i < 11; i++) {
         PyObject *value = PyObject_GetAttrString(op, names[i]);
         if (value == NULL)
             return -1;
@@ -140,8 +115,9 @@ static int op_view(OpView *v, PyObject *op) {
         !(v->agreed = op_array(v, V_AGREED, op, "agreed", 2, v->blocks, 'i')) ||
         !(v->contributors = op_array(v, V_CONTRIBUTORS, op, "contributors", 4, v->blocks, 'i')) ||
         !(v->done = op_array(v, V_DONE, op, "done", 1, packets, '?')) ||
+        !(v->stamp = op_array(v, V_STAMP, op, "stamp", 8, packets, 'i')) ||
         (v->quantized && !(v->own = op_array(v, V_OWN, op, "own_exponent", 2, v->blocks, 'i')))) {
-        release(v);
+        op_release(v);
         return -1;
     }
     return 0;
@@ -226,80 +202,6 @@ done:
     if (got > 3) PyBuffer_Release(&vv);
     if (got > 4) PyBuffer_Release(&vl);
     if (got > 5) PyBuffer_Release(&vc);
-    release(&v);
-    return result;
-}
-
-/* ---- results --------------------------------------------------------------------------------------------- */
-PyObject *fp_take_results(PyObject *self, PyObject *args) {
-    PyObject *op, *buffer_obj, *offsets_obj, *q_obj;
-    if (!PyArg_ParseTuple(args, "OOOO", &op, &buffer_obj, &offsets_obj, &q_obj))
-        return NULL;
-    OpView v;
-    if (op_view(&v, op) < 0)
-        return NULL;
-    Py_buffer vb, vo, vq;
-    int got = 0;
-    const uint8_t *buffer = array_of(buffer_obj, &vb, 1, 0, 0, 'u');
-    got += buffer != NULL;
-    int64_t *offsets = buffer ? array_of(offsets_obj, &vo, 8, 0, 0, 'i') : NULL;
-    got += offsets != NULL;
-    Py_ssize_t count = offsets ? vo.len / 8 : 0;
-    int64_t *q = offsets ? array_of(q_obj, &vq, 8, count, 0, 'i') : NULL;
-    got += q != NULL;
-    PyObject *result = NULL;
-    if (q == NULL)
-        goto done;
-    long timed_out = 0;
-    const char *problem = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < count; i++) {
-        int64_t qi = q[i];
-        if (qi < 0 || qi >= v.prologue + v.blocks || offsets[i] < 0 || offsets[i] + HEADER_BYTES > vb.len) {
-            problem = "take_results: a result outside the op or the buffer";
-            break;
-        }
-        const uint8_t *d = buffer + offsets[i];
-        if (v.quantized && qi < v.blocks)
-            v.agreed[qi] = (int8_t)d[H_NEXT_EXPONENT];
-        timed_out += (rd16(d + H_FLAGS) & (F_TIMEOUT | F_K_REACHED)) != 0;
-        v.done[qi] = 1;
-        if (qi < v.prologue)
-            continue;
-        int64_t block = qi - v.prologue, width = v.n - block * v.k < v.k ? v.n - block * v.k : v.k;
-        if (offsets[i] + HEADER_BYTES + 4 * width > vb.len) {
-            problem = "take_results: a result shorter than its block";
-            break;
-        }
-        int contributors = rd16(d + H_CONTRIBUTORS);
-        const i32u *values = (const i32u *)(d + HEADER_BYTES);
-        v.contributors[block] = contributors;
-        if (v.quantized) {
-            float *out = (float *)v.array + block * v.k;
-            double divisor = scale(v.world, (int8_t)d[H_EXPONENT]) * (double)(v.average ? contributors : 1);
-            dequantize_block(out, values, width, divisor);
-        } else {
-            int32_t *out = (int32_t *)v.array + block * v.k;
-            if (!v.average)
-                memcpy(out, d + HEADER_BYTES, 4 * width);
-            else if (contributors == 0) /* never from a switch; numpy's cast of the infinite quotient */
-                for (int64_t j = 0; j < width; j++)
-                    out[j] = INT32_MIN;
-            else /* C's division truncates toward zero: what op.truncated_average computes */
-                for (int64_t j = 0; j < width; j++)
-                    out[j] = values[j] / contributors;
-        }
-    }
-    Py_END_ALLOW_THREADS
-    if (problem) {
-        PyErr_SetString(PyExc_ValueError, problem);
-        goto done;
-    }
-    result = PyLong_FromLong(timed_out);
-done:
-    if (got > 0) PyBuffer_Release(&vb);
-    if (got > 1) PyBuffer_Release(&vo);
-    if (got > 2) PyBuffer_Release(&vq);
-    release(&v);
+    op_release(&v);
     return result;
 }

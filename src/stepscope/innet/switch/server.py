@@ -121,8 +121,8 @@ class Switch:
             now = time.monotonic()
             wait = self.config.poll_s
             deadline = self._next_deadline()
-            if deadline is not None:
-                wait = min(wait, max(0.0, deadline - now))
+            if deadline is not None:  # timers are checked once per tick: a passed deadline waits for the next one
+                wait = min(wait, max(0.0, deadline - now, next_timer_check - now))
             readable, _, _ = select.select([self.sock], [], [], wait)
             if readable:
                 self._drain()
@@ -145,6 +145,9 @@ class Switch:
 
     def _drain(self) -> None:
         """Handle the queued datagrams a batch at a time (bounded, so timers still run under a flood)."""
+        if self.fast is not None:
+            self.fast.drain()  # the same loop in C
+            return
         for _ in range(64):
             try:
                 batch = self.receiver.receive()
@@ -152,9 +155,6 @@ class Switch:
                 return  # e.g. an ICMP error queued on the socket; nothing to read
             if not len(batch):
                 return
-            if self.fast is not None:
-                self.fast.process(batch, time.monotonic())  # sends as it goes
-                continue
             outbox = Outbox()
             self.process(batch, time.monotonic(), outbox)
             self._send(outbox)
