@@ -14,6 +14,7 @@ also take `data_path` to override the environment (the tests run both paths in o
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
@@ -24,11 +25,10 @@ CHOICES = ("auto", "c", "numpy")
 
 
 def _load() -> tuple[ModuleType | None, str]:
-    try:
-        from stepscope.innet import _fastpath
+    try:  # by name: `stepscope.innet` may still be importing this module
+        return importlib.import_module("stepscope.innet._fastpath"), ""
     except ImportError as error:  # not built: no compiler at install time, or a source checkout never installed
         return None, str(error)
-    return _fastpath, ""
 
 
 C, NOT_BUILT = _load()
