@@ -14,7 +14,8 @@ STAMP := $(VENV)/.stepscope-setup
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/install_torch.sh
+# setup.py and the C sources: the innet fast path is built at install time (a changed source rebuilds it)
+$(STAMP): pyproject.toml setup.py scripts/install_torch.sh $(wildcard src/stepscope/innet/csrc/*)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	scripts/install_torch.sh $(PY) "$(TORCH)" "$(TORCH_CPU_INDEX)"

@@ -1,4 +1,6 @@
-"""Shared pieces of the innet tests: an in-process switch thread and worker threads with a deadline."""
+"""Shared pieces of the innet tests: an in-process switch thread and worker threads with a deadline, and the
+data paths (`wire.fastpath`) a test runs on: numpy, and C where the extension is built (else that case is skipped,
+with the reason, in pytest's summary)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,18 @@ import pytest
 
 from stepscope.innet.switch.config import SwitchConfig
 from stepscope.innet.switch.server import Switch
+from stepscope.innet.wire import fastpath
 from stepscope.innet.worker.client import InnetJob
 from stepscope.innet.worker.config import JobConfig
+
+DATA_PATHS = ["numpy", pytest.param("c", marks=pytest.mark.skipif(
+    fastpath.C is None, reason=f"the C fast path is not built: {fastpath.NOT_BUILT}"))]
+
+
+@pytest.fixture(params=DATA_PATHS)
+def data_path(request: pytest.FixtureRequest) -> str:
+    """'numpy' and 'c': a test taking this runs on both paths."""
+    return request.param
 
 
 @pytest.fixture

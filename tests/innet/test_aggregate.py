@@ -1,7 +1,7 @@
-"""The vectorised switch against a per-packet switch written from the protocol definition
-(`switch_reference.ReferenceJob`): the same packets, fed one at a time to the reference and in batches of random
-size to the switch, must give the same datagrams to the same addresses in the same order, and the same counters.
-Exact integers: int32 sums with wrap-around, counters, bitmaps, flags."""
+"""The switch against a per-packet switch written from the protocol definition (`switch_reference.ReferenceJob`),
+on both data paths (numpy: a batch at once; C: packet by packet): the same packets, fed one at a time to the
+reference and in batches of random size to the switch, must give the same datagrams to the same addresses in the
+same order, and the same counters. Exact integers: int32 sums with wrap-around, counters, bitmaps, flags."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def data(rank, world, values, *, op=1, offset=0, slot=0, flags=0, k=0, exponent=
                   next_exponent=next_exponent, op_flags=op_flags, values=np.asarray(values, dtype=np.int32))
 
 
-def joined_switch(world, k, slots, sto_ticks=16, history=8):
-    switch = Switch(SwitchConfig(port=0))
+def joined_switch(world, k, slots, sto_ticks=16, history=8, data_path=None):
+    switch = Switch(SwitchConfig(port=0), data_path=data_path)
     params = p.JoinParams(k, slots, sto_ticks, history)
     for rank in range(world):
         [(reply, _)] = switch.handle(p.pack(p.JOIN, JOB, 0, 0, 0, rank, world, 0, values=params.to_values()),
@@ -36,8 +36,8 @@ def joined_switch(world, k, slots, sto_ticks=16, history=8):
     return switch, reference
 
 
-def test_one_batch_mixing_slots_completes_several_blocks_at_once_with_hand_computed_sums():
-    switch, _ = joined_switch(world=2, k=3, slots=4)
+def test_one_batch_mixing_slots_completes_several_blocks_at_once_with_hand_computed_sums(data_path):
+    switch, _ = joined_switch(world=2, k=3, slots=4, data_path=data_path)
     batch = [(data(0, 2, [1, 2, 3], slot=0, offset=0), ADDRESSES[0]),
              (data(0, 2, [10, 20, 30], slot=1, offset=3), ADDRESSES[0]),
              (data(1, 2, [100, 200, 300], slot=1, offset=3), ADDRESSES[1]),    # completes slot 1 first
@@ -54,10 +54,11 @@ def test_one_batch_mixing_slots_completes_several_blocks_at_once_with_hand_compu
     assert (counters["ok"], counters["dup"], counters["re"], counters["rx"], counters["tx"]) == (2, 1, 1, 6, 5)
 
 
-def test_a_stale_packet_among_fresh_ones_is_answered_as_if_packets_came_one_by_one():
+def test_a_stale_packet_among_fresh_ones_is_answered_as_if_packets_came_one_by_one(data_path):
     """Slot 0 completes op 1, then takes op 3 (version 0 again) in the same batch, and a late copy of op 1's
-    packet after that must find op 1's result in the history; the batch is cut in pieces to decide it."""
-    switch, reference = joined_switch(world=2, k=2, slots=1, history=4)
+    packet after that must find op 1's result in the history; the batch is cut in pieces to decide it (numpy),
+    and op 1's multicast, not sent yet when op 3 takes the row, keeps op 1's values (C: a copy)."""
+    switch, reference = joined_switch(world=2, k=2, slots=1, history=4, data_path=data_path)
     batch = [(data(0, 2, [1, 1], op=1), ADDRESSES[0]), (data(1, 2, [2, 2], op=1), ADDRESSES[1]),
              (data(0, 2, [3, 3], op=2, flags=p.VERSION), ADDRESSES[0]),
              (data(1, 2, [4, 4], op=2, flags=p.VERSION), ADDRESSES[1]),
@@ -70,8 +71,8 @@ def test_a_stale_packet_among_fresh_ones_is_answered_as_if_packets_came_one_by_o
     assert [(h.op, h.contributors) for h in late] == [(1, 2)]
 
 
-def test_a_late_packet_misses_a_result_that_a_completion_earlier_in_its_batch_pushed_out_of_the_history():
-    switch, reference = joined_switch(world=2, k=1, slots=2, history=2)
+def test_a_late_packet_misses_a_result_that_a_completion_earlier_in_its_batch_pushed_out_of_the_history(data_path):
+    switch, reference = joined_switch(world=2, k=1, slots=2, history=2, data_path=data_path)
     both = lambda op, slot, flags=0: [(data(r, 2, [op], op=op, slot=slot, flags=flags), ADDRESSES[r])  # noqa: E731
                                       for r in range(2)]
     late = (data(1, 2, [1], op=1, flags=p.RETRANSMIT), ADDRESSES[1])
@@ -84,22 +85,36 @@ def test_a_late_packet_misses_a_result_that_a_completion_earlier_in_its_batch_pu
         assert switch.handle_batch(batch, 0.0) == expected
         answers += [p.unpack(d) for d, _ in expected if p.unpack(d).flags & p.SERVED]
     assert [(h.op, h.flags & p.OLD) for h in answers] == [(1, 0), (1, p.OLD)]
-    switch, reference = joined_switch(world=2, k=1, slots=2, history=2)
+    switch, reference = joined_switch(world=2, k=1, slots=2, history=2, data_path=data_path)
     for batch in [both(1, 0), both(5, 0), [*both(3, 0, p.VERSION), late]]:  # op 3 completes first: op 1 is gone
         expected = [send for packet, source in batch for send in reference.packet(packet, source, 0.0)]
         assert switch.handle_batch(batch, 0.0) == expected
     assert p.unpack(expected[-1][0]).flags & p.OLD
 
 
-def test_timers_fire_in_deadline_order_then_start_order():
-    switch, reference = joined_switch(world=3, k=1, slots=3)
-    starts = [(1e-4, 1), (2e-4, 0), (2e-4, 2)]  # slot 1 starts first, then slots 0 and 2 in one batch
-    for now, slot in starts:
-        batch = [(data(r, 3, [slot], slot=slot, offset=slot, k=2), ADDRESSES[r]) for r in range(2)]
+def test_timers_fire_in_deadline_order_then_start_order(data_path):
+    switch, reference = joined_switch(world=3, k=1, slots=4, data_path=data_path)
+    # slot 1 starts first, then slots 3 and 0 in one batch (3's first packet first), then slot 2
+    starts = [(1e-4, [1]), (2e-4, [3, 0]), (3e-4, [2])]
+    for now, slots in starts:
+        batch = [(data(r, 3, [slot], slot=slot, offset=slot, k=2), ADDRESSES[r]) for slot in slots for r in range(2)]
         expected = [send for packet, source in batch for send in reference.packet(packet, source, now)]
         assert switch.handle_batch(batch, now) == expected == []  # 2 of 3: waits for the timer
     fired = switch.jobs[JOB].expire(1.0)
-    assert fired == reference.expire(1.0) and [p.unpack(d).slot for d, _ in fired] == [1, 0, 2]
+    assert fired == reference.expire(1.0) and [p.unpack(d).slot for d, _ in fired] == [1, 3, 0, 2]
+
+
+def test_a_duplicate_gets_the_contributors_once_its_block_waited_exactly_the_status_delay(data_path):
+    switch, reference = joined_switch(world=3, k=2, slots=2, data_path=data_path)
+    first = (data(0, 3, [1, 2]), ADDRESSES[0])
+    again = (data(0, 3, [1, 2], flags=p.RETRANSMIT), ADDRESSES[0])
+    for now, batch in ((1.0, [first]), (1.0999, [again]), (1.1, [again]), (1.2, [again, again])):
+        expected = [send for packet, source in batch for send in reference.packet(packet, source, now)]
+        assert switch.handle_batch(batch, now) == expected
+        statuses = [p.unpack(d) for d, _ in expected]
+        assert len(statuses) == (0 if now < 1.1 else len(batch)), now
+    status = statuses[0]
+    assert (status.type, status.contributors, status.count) == (p.STATUS, 1, 1)
 
 
 def _stream(rng: random.Random, world: int, k: int, slots: int, ops: int) -> list[tuple[bytes, tuple]]:
@@ -152,9 +167,9 @@ def _stream(rng: random.Random, world: int, k: int, slots: int, ops: int) -> lis
 @pytest.mark.parametrize("seed,world,k,slots,history,seen", [
     (1, 2, 4, 2, 8, ("to", "kr", "bad", "status")), (2, 3, 1, 1, 0, ("to", "bad")), (3, 5, 7, 4, 3, ("kr", "bad")),
     (4, 1, 3, 2, 2, ()), (5, 4, 2, 3, 16, ("to", "bad")), (6, 2, 5, 1, 1, ("bad",))])
-def test_random_batches_match_the_per_packet_reference(seed, world, k, slots, history, seen):
+def test_random_batches_match_the_per_packet_reference(seed, world, k, slots, history, seen, data_path):
     rng = random.Random(seed)
-    switch, reference = joined_switch(world, k, slots, sto_ticks=16, history=history)
+    switch, reference = joined_switch(world, k, slots, sto_ticks=16, history=history, data_path=data_path)
     packets = _stream(rng, world, k, slots, ops=12)
     now, start, statuses = 0.0, 0, 0
     while start < len(packets):

@@ -1,6 +1,7 @@
-"""Batched I/O over real loopback sockets: what one recvmmsg returns is what was sent, datagram for datagram
-(with and without segmentation offload), sources and truncation are reported, a closed port is refused; and a
-batch's header array says exactly what `unpack` says of each datagram."""
+"""Batched I/O over real loopback sockets, on both data paths (numpy around ctypes, and C) and across them: what
+one recvmmsg returns is what was sent, datagram for datagram (with and without segmentation offload), sources and
+truncation are reported, a closed port is refused; and a batch's header array says exactly what `unpack` says of
+each datagram."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from stepscope.innet.wire import batch_io
+from stepscope.innet.wire import batch_io, fastpath
 from stepscope.innet.wire import protocol as p
 
 
@@ -32,12 +33,14 @@ def _receive_all(receiver: batch_io.Receiver, expected: int) -> list[tuple[bytes
     return got
 
 
-@pytest.mark.parametrize("offload", [True, False])
-def test_a_queue_to_two_peers_arrives_datagram_for_datagram(offload):
+@pytest.mark.parametrize("offload,sender_path", [(True, "numpy"), (True, "c"), (False, "numpy"), (False, "c")])
+def test_a_queue_to_two_peers_arrives_datagram_for_datagram(offload, sender_path, data_path):
+    if sender_path == "c" and fastpath.C is None:
+        pytest.skip(f"the C fast path is not built: {fastpath.NOT_BUILT}")
     rng = random.Random(7)
     sender_sock, a, b = _udp(), _udp(), _udp()
-    sender = batch_io.Sender(sender_sock, gso=offload)
-    receivers = {peer: batch_io.Receiver(peer, sources=True, gro=offload) for peer in (a, b)}
+    sender = batch_io.Sender(sender_sock, gso=offload, data_path=sender_path)
+    receivers = {peer: batch_io.Receiver(peer, sources=True, gro=offload, data_path=data_path) for peer in (a, b)}
     dest = {peer: sender.address(batch_io.address_key(*peer.getsockname())) for peer in (a, b)}
     # trains of equal sizes (one GSO message each), a short last one, single odd sizes, an empty datagram
     sizes = [1056] * 70 + [200] + [64] * 3 + [1] + [0] + [rng.randrange(1, 9000) for _ in range(20)]
@@ -55,9 +58,9 @@ def test_a_queue_to_two_peers_arrives_datagram_for_datagram(offload):
     assert receivers[a].gro == offload and sender.gso == offload
 
 
-def test_a_datagram_longer_than_its_buffer_is_reported_cut_and_a_closed_port_refused():
+def test_a_datagram_longer_than_its_buffer_is_reported_cut_and_a_closed_port_refused(data_path):
     sender_sock, peer = _udp(), _udp()
-    receiver = batch_io.Receiver(peer, messages=4, message_bytes=128, gro=False)
+    receiver = batch_io.Receiver(peer, messages=4, message_bytes=128, gro=False, data_path=data_path)
     sender_sock.sendto(b"x" * 100, peer.getsockname())
     sender_sock.sendto(b"y" * 500, peer.getsockname())
     time.sleep(0.05)
@@ -68,13 +71,13 @@ def test_a_datagram_longer_than_its_buffer_is_reported_cut_and_a_closed_port_ref
     closed.close()
     client = _udp()
     client.connect(("127.0.0.1", port))
-    sender = batch_io.Sender(client)
+    sender = batch_io.Sender(client, data_path=data_path)
     data = np.zeros(64, np.uint8)
     with pytest.raises(ConnectionRefusedError):
         for _ in range(20):  # the ICMP error comes back with a later call
             sender.add(np.array([data.ctypes.data], np.uint64), np.array([64]))
             sender.flush()
-            batch_io.Receiver(client).receive()
+            batch_io.Receiver(client, data_path=data_path).receive()
             time.sleep(0.01)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from stepscope.errors import UsageError
 from stepscope.innet import InnetJob, JobConfig
+from stepscope.innet.wire import fastpath
 from stepscope.results.store import read_records
 from tests.conftest import STEPSCOPE, subprocess_env
 from tests.innet.conftest import run_ranks
@@ -39,6 +40,8 @@ def test_switch_serves_and_records_on_exit(tmp_path):
         ready = proc.stdout.readline()  # the child prints its address first
         assert "innet switch listening on 127.0.0.1:" in ready, proc.stderr.read() if proc.poll() else ready
         port = int(ready.rsplit(":", 1)[1])
+        path = fastpath.name(fastpath.resolve())
+        assert proc.stdout.readline().startswith(f"innet switch: data path {path}")  # which path serves
 
         def rank(r):
             config = JobConfig(switch=f"127.0.0.1:{port}", job_id=7, rank=r, world=2, pipes=1, timeout_s=20)
@@ -55,6 +58,7 @@ def test_switch_serves_and_records_on_exit(tmp_path):
     assert "innet switch: 1 job(s) served" in out
     job, totals = read_records(tmp_path / "innet-switch.jsonl")
     assert job["config"]["job"] == "7" and totals["config"]["job"] is None and totals["env"]["hostname"]
+    assert job["config"]["data_path"] == totals["config"]["data_path"] == path
     # 1000 values at 64 per packet: 16 blocks, each completed once with both contributions
     assert job["metrics"]["ok"] == 16 and job["metrics"]["bad"] == job["metrics"]["to"] == 0
     assert job["metrics"]["rx"] >= 2 * 16 and job["metrics"]["tx"] >= 2 * 16
@@ -87,10 +91,13 @@ def test_bench_checks_every_result_under_loss(cli, tmp_path):
                          "--pipes", "1", "--out", tmp_path)
     assert code == 0, err
     assert "innet_algbw_GBps" in out and "gloo_algbw_GBps" in out
+    path = fastpath.name(fastpath.resolve())
+    assert f"data path {path} (switch: {path})" in out.splitlines()[0]  # the title says which path ran
     records = read_records(tmp_path / "innet-bench.jsonl")
     assert len(records) == 4
     for record in records:
         metrics = record["metrics"]
+        assert metrics["data_path"] == metrics["switch_data_path"] == path
         assert metrics["wrong_elements"] == 0 and metrics["checked_elements"] > 0
         assert metrics["innet_latency_ms_median"] > 0 and metrics["gloo_algbw_GBps"] > 0 and metrics["ok"] > 0
     assert json.dumps(records)  # well-formed
@@ -155,12 +162,14 @@ def test_switch_bench_drives_a_sharded_switch_and_counts_every_packet(cli, tmp_p
                          "--duration-s", "0.2", "--warmup-s", "0", "--repeats", "1", "--out", tmp_path)
     assert code == 0, err
     assert "total_pps" in out and "total_GBps" in out
+    path = fastpath.name(fastpath.resolve())
+    assert f"data path {path} (generator: {path})" in out.splitlines()[0]
     records = [r for r in read_records(tmp_path / "innet-switch.jsonl") if r["config"].get("record") == "bench"]
     assert sorted((r["config"]["payload_bytes"], r["config"]["shards"]) for r in records) == [
         (64, 1), (64, 2), (1024, 1), (1024, 2)]
     for record in records:
         m = record["metrics"]
-        assert m["wrong"] == 0 and m["stalled"] == 0 and m["sent"] > 0
+        assert m["wrong"] == 0 and m["stalled"] == 0 and m["sent"] > 0 and m["switch_data_path"] == path
         assert m["in_packets"] == m["sent"]  # every packet the generator sent reached the switch, and
         assert m["out_packets"] == 3 * m["results"]  # each result went to the 3 ranks (rank 0 counts them)
         assert m["results"] == m["sent"] // 3  # every block completed

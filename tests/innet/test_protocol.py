@@ -83,11 +83,12 @@ def test_exponents_and_non_finite_values():
         block_exponents(np.array([np.nan], np.float32), 4)
 
 
-def test_a_block_sent_with_an_exponent_agreed_without_this_rank_is_counted_as_clipped():
+def test_a_block_sent_with_an_exponent_agreed_without_this_rank_is_counted_as_clipped(data_path):
     from stepscope.innet.worker.op import Op
 
     values = np.full(8, 1000.0, dtype=np.float32)  # exponent 10
-    op = Op(1, values, average=False, min_count=1, preemptive=False, values_per_packet=8, slots=4, world=2)
+    op = Op(1, values, average=False, min_count=1, preemptive=False, values_per_packet=8, slots=4, world=2,
+            data_path=data_path)
     op.agreed[0] = 1  # agreed by the other rank alone (|x| < 2)
     packet = op.build(op.prologue, job=7, rank=1, slot=0, version=0)
     assert op.clipped == {0}

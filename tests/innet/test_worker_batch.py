@@ -51,11 +51,7 @@ def _results(op: Op, packets: list[int], *, slots: int, flags: int = 0, values: 
     offsets = np.cumsum([0, *lengths[:-1]])
     headers, valid = p.parse_headers(buffer, offsets, lengths)
     assert valid.all()
-
-    def gather(at, width):
-        return np.lib.stride_tricks.sliding_window_view(buffer, 4 * width)[offsets[at] + 32].view("<i4")
-
-    return headers, gather, rows
+    return headers, (buffer, offsets), rows
 
 
 def test_a_batch_of_results_out_of_order_duplicated_and_for_unsent_packets():
@@ -67,15 +63,15 @@ def test_a_batch_of_results_out_of_order_duplicated_and_for_unsent_packets():
     ready = stream.ready(np.ones(2, bool), limit=8)
     assert [(o.op_id, q.tolist(), s.tolist()) for o, q, s in ready] == [(1, [0, 1], [0, 1])]
     # packet 2 completed without this rank (a straggler), packet 0 twice, packet 1 later
-    headers, gather, _ = _results(op, [2, 0, 0], slots=2)
-    applied = stream.apply(headers, gather, lambda i: b"")
+    headers, where, _ = _results(op, [2, 0, 0], slots=2)
+    applied = stream.apply(headers, *where, lambda i: b"")
     assert sorted(applied.tolist()) == [0, 2] and counters.duplicate_results == 1
     assert op.array.tolist() == [2, 2, 2, 0, 0, 0, 2, 2, 2, 0] and op.remaining == 2
     # slot 0 moved on to packet 2, whose result is here: it is skipped, nothing else is ready on slot 0
     assert [(q.tolist(), s.tolist()) for _, q, s in stream.ready(np.array([True, False]), limit=8)] == []
     assert counters.skipped == 1
-    headers, gather, _ = _results(op, [3, 1], slots=2, values=-5)
-    stream.apply(headers, gather, lambda i: b"")
+    headers, where, _ = _results(op, [3, 1], slots=2, values=-5)
+    stream.apply(headers, *where, lambda i: b"")
     assert op.event.is_set() and op.array.tolist() == [2, 2, 2, -5, -5, -5, 2, 2, 2, -5]
 
 
@@ -88,13 +84,13 @@ def test_results_for_a_future_op_wait_and_a_result_the_switch_no_longer_holds_is
                 slots=4, world=2)
     stream.admit(first, lambda stashed: None)
     second.base = first.packets
-    headers, gather, rows = _results(second, [0], slots=4, values=7)
-    stream.apply(headers, gather, lambda i: rows[i])  # op 2 not submitted here yet: kept for later
+    headers, where, rows = _results(second, [0], slots=4, values=7)
+    stream.apply(headers, *where, lambda i: rows[i])  # op 2 not submitted here yet: kept for later
     assert counters.stashed == 1 and not second.event.is_set()
     taken = []
     stream.admit(second, taken.extend)
     assert taken == rows  # handed back when op 2 arrives
-    headers, gather, _ = _results(first, [0], slots=4, flags=p.OLD)
+    headers, where, _ = _results(first, [0], slots=4, flags=p.OLD)
     with pytest.raises(InnetError, match="completed without rank 0 and the switch no longer holds it"):
-        stream.apply(headers, gather, lambda i: b"")
+        stream.apply(headers, *where, lambda i: b"")
     assert first.agreed.tolist() == [p.NO_EXPONENT, p.NO_EXPONENT]  # nothing of the refused batch was taken

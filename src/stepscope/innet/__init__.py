@@ -1,9 +1,11 @@
 """In-network aggregation (SwitchML / straggler-aware "DPA" style) as real software, by role:
 
 - `wire`: the versioned packet format (`protocol`), float32 <-> int32 quantization (`quantize`), many datagrams
-  per system call (`batch_io` over `mmsg`: recvmmsg/sendmmsg, UDP segmentation offload);
+  per system call (`batch_io` over `mmsg`: recvmmsg/sendmmsg, UDP segmentation offload), and which data path
+  runs (`fastpath`: stepscope's C extension `_fastpath`, built from `csrc/` at install time, or numpy);
 - `switch`: the software switch (`server`: socket, batches, `table` of jobs; `job`: slots, versions, bitmaps,
-  timers, counters as arrays; `aggregate`: a batch of contributions at once; `outbox`: what a batch sends), its
+  timers, counters as arrays; `aggregate`: a batch of contributions at once; `fast_batch`: the same through C;
+  `outbox`: what a batch sends), its
   settings (`config`), the switch as processes (`process`: `run_switch`, `SwitchProcess`, `probe`; `shards`);
 - `worker`: the all-reduce client (`client`, its settings `config`, `engine`, `links`, `window`, `stream`, `op`,
   `rto`), fault injection (`faults`) and a DDP communication hook (`ddp_hook`, imports torch);

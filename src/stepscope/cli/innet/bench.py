@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     k = config.k or config.world
     title = (f"innet bench: world {config.world}, k {config.job.k} values/packet ({config.job.pipes}-pipe), "
              f"slots {config.job.slots}, {config.dtype} {config.op}, "
-             f"{'no-straggle' if k >= config.world else f'straggle-{k}'}, STO {config.job.resolved_sto_ticks} ticks")
+             f"{'no-straggle' if k >= config.world else f'straggle-{k}'}, STO {config.job.resolved_sto_ticks} ticks, "
+             f"{outcome.data_paths}")
     printer = Printer(args.format)
     printer.emit(rows, title=title, columns=[c for c in COLUMNS if any(c in r for r in rows)])
     if outcome.syscalls:

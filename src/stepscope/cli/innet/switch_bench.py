@@ -67,6 +67,6 @@ def run(args: argparse.Namespace) -> int:
     outcome = run_switch_bench(config, args.out, switch=args.switch)
     printer = Printer(args.format)
     printer.emit(outcome.rows, title=f"innet switch-bench: medians of {config.repeats} interleaved repeat(s) of "
-                 f"{config.duration_s:g} s", columns=COLUMNS)
+                 f"{config.duration_s:g} s, {outcome.data_paths}", columns=COLUMNS)
     printer.note(f"records: {outcome.records}")
     return 0

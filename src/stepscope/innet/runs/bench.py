@@ -24,6 +24,8 @@ from stepscope.distributed.tracing.windows import window_marker
 from stepscope.errors import UsageError
 from stepscope.innet.runs.reference import CheckResult, check_result, reference_input
 from stepscope.innet.runs.runner import RunOutcome, check_job, record_settings, run_ranks, start_run
+from stepscope.innet.switch.process import probe
+from stepscope.innet.wire import fastpath
 from stepscope.innet.worker.client import InnetJob
 from stepscope.innet.worker.config import JobConfig, shared_job_id
 from stepscope.results.store import RecordStore, make_record
@@ -111,6 +113,9 @@ def bench_rank(ctx: Any, config: BenchConfig, out: str | os.PathLike | None) -> 
     store = RecordStore(out, "innet-bench") if out is not None and ctx.rank == 0 else None
     env = torch_environment("cpu", ctx.world_size) if ctx.rank == 0 else {}
     rounds = config.warmup + config.iters
+    # which data path the ranks and the switch run (`wire.fastpath`): in every row, so in every record
+    paths = {"data_path": fastpath.name(fastpath.resolve()),
+             "switch_data_path": ("c" if probe(config.job.switch)["fast_path"] else "numpy") if ctx.rank == 0 else ""}
     rows = []
     step = 0
     try:
@@ -129,7 +134,7 @@ def bench_rank(ctx: Any, config: BenchConfig, out: str | os.PathLike | None) -> 
                 dist.all_gather_object(gathered, (samples["innet"], samples.get("gloo", []), asdict(check), worker))
                 if ctx.rank == 0:
                     ops = config.batch if mode == "batch" else 1
-                    row = _row(config, size, mode, ops, gathered, stats_before, stats_after)
+                    row = {**_row(config, size, mode, ops, gathered, stats_before, stats_after), **paths}
                     rows.append(row)
                     if store is not None:
                         store.append(make_record("innet-bench", {**config.to_dict(), "size_bytes": size,
@@ -245,6 +250,12 @@ class BenchOutcome(RunOutcome[BenchConfig]):
 
     syscalls: list[dict[str, Any]] = field(default_factory=list)
     """`syscalls` records of the traced run (with `syscalls`; see `innet.runs.syscall_tally`)."""
+
+    @property
+    def data_paths(self) -> str:
+        """Which data path the ranks and the switch ran (`wire.fastpath`), in words."""
+        ranks, switch = (self.rows[0]["data_path"], self.rows[0]["switch_data_path"]) if self.rows else ("?", "?")
+        return f"data path {ranks} (switch: {switch})"
 
     @property
     def wrong_elements(self) -> int:

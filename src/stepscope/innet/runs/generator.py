@@ -1,8 +1,10 @@
 """A packet generator that drives a switch as `world` workers would, without workers in the way: each rank's DATA
-packets are prebuilt in a ring and only their header fields change per send; results are counted, not used.
+packets are prebuilt in a ring of 2s datagrams and only their op field changes, once per lap; results are counted,
+not used.
 
 Stream packet i of every rank uses slot i mod s and version (i div s) mod 2 with block key (1 + i div 2s, data,
-(i mod 2s) x k), so every row sees increasing keys, as from self-clocked workers. Rank r's value j is
+(i mod 2s) x k), so every row sees increasing keys, as from self-clocked workers: ring position r = i mod 2s fixes
+slot, version and offset, the lap i div 2s the op. Rank r's value j is
 (r + 1) x (j mod 7 + 1), so every result must hold world(world + 1)/2 x (j mod 7 + 1): the generator checks the
 first and last value of every result rank 0 receives. The other ranks' copies of each result (the switch
 multicasts) are not read: their sockets' small buffers overflow and the kernel drops them after the switch
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepscope.innet.wire import batch_io
+from stepscope.innet.wire import batch_io, fastpath
 from stepscope.innet.wire import protocol as p
 
 SOCKET_BUFFER_BYTES = 8 << 20
@@ -56,6 +58,8 @@ class Generator:
         self.shards = len(addresses)
         self.rows = 2 * slots
         self.stride = p.HEADER_BYTES + 4 * k
+        self.path = fastpath.name(fastpath.resolve())
+        """'c' or 'numpy': the data path of the generator's own sockets (`wire.fastpath`)."""
         self.socks, self.senders, self.receivers = [], [], []
         for _rank in range(world):
             for address in addresses:
@@ -65,14 +69,19 @@ class Generator:
                 sock.connect(address)
                 sock.setblocking(False)
                 self.socks.append(sock)
-                self.senders.append(batch_io.Sender(sock, gso=offload))
-                self.receivers.append(batch_io.Receiver(sock, gro=offload))
+                self.senders.append(batch_io.Sender(sock, gso=offload, data_path=self.path))
+                self.receivers.append(batch_io.Receiver(sock, gro=offload, data_path=self.path))
         self.rings = np.zeros((world, self.rows, self.stride), np.uint8)
         headers = self.rings[:, :, :p.HEADER_BYTES].view(p.HEADER_DTYPE)[:, :, 0]
         headers["magic"], headers["version"], headers["type"] = p.MAGIC, p.PROTOCOL_VERSION, p.DATA
         headers["job"], headers["world"], headers["count"] = job_id, world, k
         headers["rank"] = np.arange(world)[:, None]
+        ring = np.arange(self.rows)
+        headers["offset"], headers["slot"], headers["flags"] = ring * k, ring % slots, ring // slots  # flags: version
         self.headers = headers
+        self.pointers = [self.rings[rank].ctypes.data + (ring * self.stride).astype(np.uint64) for rank in range(world)]
+        self.lengths = np.full(self.rows, self.stride)
+        self.shard_of = ring % slots % self.shards
         pattern = np.arange(k) % 7 + 1
         self.rings.view("<i4")[:, :, p.HEADER_BYTES // 4:] = (np.arange(world)[:, None, None] + 1) * pattern
         self.expected = (world * (world + 1) // 2) * pattern[[0, -1]]
@@ -145,23 +154,19 @@ class Generator:
         return counts
 
     def _send(self, count: int) -> None:
-        index = self.next + np.arange(count)
-        self.next += count
-        ring = index % self.rows
-        slot = index % self.slots
-        h = self.headers
-        h["op"][:, ring] = 1 + index // self.rows
-        h["offset"][:, ring] = ring * self.k
-        h["slot"][:, ring] = slot
-        h["flags"][:, ring] = (index // self.slots) % 2
-        lengths = np.full(count, self.stride)
-        for rank in range(self.world):
-            base = self.rings[rank].ctypes.data
-            for shard in range(self.shards):
-                mine = slot % self.shards == shard
-                sender = self.senders[rank * self.shards + shard]
-                sender.add(base + (ring[mine] * self.stride).astype(np.uint64), lengths[mine])
-                sender.flush()
+        while count:
+            lap, at = divmod(self.next, self.rows)
+            if at == 0:  # a new lap: every block key moves on (the last lap's datagrams are sent: copied)
+                self.headers["op"] = lap + 1
+            ring = slice(at, at + min(count, self.rows - at))
+            for rank in range(self.world):
+                for shard in range(self.shards):
+                    mine = slice(None) if self.shards == 1 else self.shard_of[ring] == shard
+                    sender = self.senders[rank * self.shards + shard]
+                    sender.add(self.pointers[rank][ring][mine], self.lengths[ring][mine])
+                    sender.flush()
+            self.next += ring.stop - ring.start
+            count -= ring.stop - ring.start
 
     def _receive(self, got: np.ndarray, counts: GeneratorCounts) -> int:
         total = 0

@@ -88,6 +88,12 @@ class SwitchBenchOutcome:
     rows: list[dict[str, Any]]
     records: Path | None
 
+    @property
+    def data_paths(self) -> str:
+        """Which data path the switch and the generator ran (`wire.fastpath`), in words."""
+        paths = sorted({(row["switch_data_path"], row["generator_data_path"]) for row in self.rows})
+        return ", ".join(f"data path {switch} (generator: {generator})" for switch, generator in paths)
+
 
 def run_switch_bench(config: SwitchBenchConfig, out: str | os.PathLike | None = None, *,
                      switch: str | None = None) -> SwitchBenchOutcome:
@@ -162,7 +168,8 @@ def _measure(config: SwitchBenchConfig, point: dict[str, Any], address: str, cor
     # less the counters requests themselves: the last one is counted in, the first one's answer out
     rx, tx = end["rx"] - start["rx"] - len(addresses), end["tx"] - start["tx"] - len(addresses)
     cpu_s = (end["cpu_us"] - start["cpu_us"]) * 1e-6 if "cpu_us" in end else None  # older switches: not said
-    return {"in_packets": rx, "out_packets": tx, "sent": counts.sent, "results": counts.results,
+    return {"switch_data_path": "c" if end.get("fast_path") else "numpy", "generator_data_path": generator.path,
+            "in_packets": rx, "out_packets": tx, "sent": counts.sent, "results": counts.results,
             "seconds": seconds, "in_pps": rx / seconds, "out_pps": tx / seconds, "total_pps": (rx + tx) / seconds,
             "total_GBps": (rx + tx) * datagram / seconds / 1e9, "switch_cpu_s": cpu_s,
             "switch_cores": cpu_s / seconds if cpu_s is not None else None,
@@ -176,7 +183,9 @@ def _medians(samples: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in samples[0]:
         values = [s[name] for s in samples if s[name] is not None]
-        if name in ("wrong", "stalled", "tx_dropped", "bad"):
+        if name.endswith("data_path"):
+            out[name] = "+".join(sorted(set(values)))
+        elif name in ("wrong", "stalled", "tx_dropped", "bad"):
             out[name] = sum(values)
         else:
             out[name] = statistics.median(values) if values else None

@@ -105,8 +105,10 @@ def _segment(job: SwitchJob, pk: Packets, buffer: np.ndarray, now: float, outbox
     fresh = newer & ~blocked
     adding = fresh | (used & (key == held) & ~complete)
     counters["bad"] += int(np.count_nonzero(blocked[group]))
-    if fresh.any():
-        _start_blocks(job, row[fresh], _take(pk, np.flatnonzero(first)[fresh]), key[fresh], now)
+    if fresh.any():  # in the order their first packets arrived: timers of equal deadlines fire in start order
+        starts = np.flatnonzero(first)[fresh]
+        by_arrival = np.argsort(order[starts], kind="stable")
+        _start_blocks(job, row[fresh][by_arrival], _take(pk, starts[by_arrival]), key[fresh][by_arrival], now)
 
     # the open blocks: who adds, who is a duplicate, who disagrees, where each block completes
     mine = adding[group]

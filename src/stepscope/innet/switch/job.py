@@ -65,6 +65,7 @@ class SwitchJob:
         self.counters = {name: 0 for name in p.COUNTERS}
         self.last_active = now
         self.timers_started = 0
+        self.fast: Any = None  # the C fast path's views of these arrays (`switch.fast_batch`), made on first use
 
     @staticmethod
     def memory_bytes(world: int, params: p.JoinParams) -> int:

@@ -44,23 +44,32 @@ class Outbox:
         self.add(np.full(count, order), array, np.zeros(count, np.int64), np.full(count, len(data)),
                  np.asarray(dests))
 
+    def add_copies(self, order: np.ndarray, pointers: np.ndarray, lengths: np.ndarray, dests: np.ndarray) -> None:
+        """Datagrams at memory addresses `pointers`, copied into a buffer of the outbox's own (a multicast's
+        datagram, the same address and length several times, once)."""
+        if not len(order):
+            return
+        import ctypes
+
+        copied: dict[tuple[int, int], int] = {}
+        for datagram in zip(pointers.tolist(), lengths.tolist(), strict=True):
+            copied.setdefault(datagram, sum(n for _, n in copied))
+        own = np.empty(sum(n for _, n in copied) + 1, np.uint8)
+        for (p, n), o in copied.items():
+            ctypes.memmove(own.ctypes.data + o, p, n)
+        offsets = np.array([copied[d] for d in zip(pointers.tolist(), lengths.tolist(), strict=True)], np.int64)
+        self.add(order, own, offsets, lengths, dests)
+
     def freeze(self) -> None:
         """Copy every datagram queued so far into a buffer of the outbox's own: the rows they point into may
         take new blocks before the batch is sent (a batch cut into segments)."""
         if not self._order:
             return
-        import ctypes
-
         order, pointer, length, dest = self._merged()
-        copied: dict[tuple[int, int], int] = {}  # a multicast's datagram is copied once
-        for datagram in zip(pointer.tolist(), length.tolist(), strict=True):
-            copied.setdefault(datagram, sum(n for _, n in copied))
-        own = np.empty(sum(n for _, n in copied) + 1, np.uint8)
-        for (p, n), o in copied.items():
-            ctypes.memmove(own.ctypes.data + o, p, n)
-        offsets = np.array([copied[d] for d in zip(pointer.tolist(), length.tolist(), strict=True)], np.int64)
+        queued = self._keep  # alive until copied
         self.__init__()
-        self.add(order, own, offsets, length, dest)
+        self.add_copies(order, pointer, length, dest)
+        del queued
 
     def _merged(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         parts = (self._order, self._pointer, self._length, self._dest)

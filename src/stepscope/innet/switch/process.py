@@ -34,6 +34,7 @@ from stepscope.errors import UsageError
 from stepscope.innet.switch.config import SwitchConfig
 from stepscope.innet.switch.server import Switch
 from stepscope.innet.switch.shards import ShardProcesses, merge, pin
+from stepscope.innet.wire import fastpath
 from stepscope.innet.wire import protocol as p
 from stepscope.results.environment import base_environment
 from stepscope.results.store import RecordStore, make_record
@@ -49,6 +50,8 @@ class SwitchRun:
     jobs: dict[int, dict[str, int]]
     seconds: float
     interrupted: bool
+    data_path: str = "numpy"
+    """'c' or 'numpy' (`wire.fastpath`)."""
 
     def job_rows(self) -> list[dict[str, Any]]:
         """One row per job served: its id (as text: an id, not a number to sum) and its counters."""
@@ -102,6 +105,7 @@ def _serve(switch: Switch, addresses: list[tuple[str, int]], duration_s: float |
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     start = time.monotonic()
     say(READY_PREFIX + ",".join(f"{host}:{port}" for host, port in addresses))
+    say(f"innet switch: {fastpath.describe(switch.native)}")
     timers = []
     if duration_s is not None:
         timers.append(threading.Timer(duration_s, stop.set))
@@ -119,13 +123,14 @@ def _serve(switch: Switch, addresses: list[tuple[str, int]], duration_s: float |
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         switch.sock.close()
-    return SwitchRun(dict(switch.counters), switch.job_counters(), time.monotonic() - start, interrupted["sigint"])
+    return SwitchRun(dict(switch.counters), switch.job_counters(), time.monotonic() - start, interrupted["sigint"],
+                     fastpath.name(switch.native))
 
 
 def _record(store: RecordStore, config: SwitchConfig, run: SwitchRun) -> None:
     env = base_environment()
     where = {"host": config.host, "port": config.port,  # as asked (0: the port the OS picked is not kept)
-             "shards": config.shards}
+             "shards": config.shards, "data_path": run.data_path}
     for row in run.job_rows():
         store.append(make_record("innet-switch", {**where, "job": row["job"]},
                                  {name: row[name] for name in p.COUNTERS}, env=env))

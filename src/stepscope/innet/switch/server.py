@@ -5,8 +5,10 @@
 
 A batch at a time: one `recvmmsg` call (`wire.batch_io`) fills preallocated buffers with every queued datagram,
 their headers parse into one numpy array, and each job's DATA packets are applied together (`aggregate`); what
-they complete leaves in one `sendmmsg` call. Control packets (JOIN, LEAVE, STATS) are handled one by one, in
-their place: a batch is cut at each, so a DATA packet sent before its rank's JOIN is still refused.
+they complete leaves in one `sendmmsg` call. With the C fast path (`wire.fastpath`), the batch's DATA packets
+go through C one at a time instead (`fast_batch`), on the same job state. Control packets (JOIN, LEAVE,
+STATS) are handled one by one, in their place: a batch is cut at each, so a DATA packet sent before its rank's
+JOIN is still refused.
 
 Robustness: every datagram is validated before it touches a job; malformed ones, packets for unknown jobs,
 from ranks outside a job or from another address than the rank joined with are dropped and counted. The loop
@@ -26,10 +28,11 @@ import numpy as np
 
 from stepscope.innet.switch.aggregate import contribute
 from stepscope.innet.switch.config import SwitchConfig
+from stepscope.innet.switch.fast_batch import FastBatches
 from stepscope.innet.switch.job import SwitchJob
 from stepscope.innet.switch.outbox import Outbox
 from stepscope.innet.switch.table import JobTable
-from stepscope.innet.wire import batch_io
+from stepscope.innet.wire import batch_io, fastpath
 from stepscope.innet.wire import protocol as p
 
 RECV_BUFFER_BYTES = 4 << 20  # loopback bursts of a whole window must not overflow the socket
@@ -53,19 +56,23 @@ def keep_freed_memory() -> None:
 
 
 class Switch:
-    """A software aggregation switch serving several jobs at once."""
+    """A software aggregation switch serving several jobs at once. `data_path`: 'c' or 'numpy' (None: the
+    environment's choice, `wire.fastpath`)."""
 
-    def __init__(self, config: SwitchConfig | None = None) -> None:
+    def __init__(self, config: SwitchConfig | None = None, data_path: str | None = None) -> None:
         keep_freed_memory()
         self.config = config = config or SwitchConfig()
+        self.native = native = fastpath.resolve(data_path)
+        self.fast = FastBatches(native, self) if native is not None else None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER_BYTES)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, RECV_BUFFER_BYTES)
         self.sock.bind((config.host, config.port))
         self.sock.setblocking(False)
         self.address: tuple[str, int] = self.sock.getsockname()
-        self.receiver = batch_io.Receiver(self.sock, sources=True, gro=config.offload)
-        self.sender = batch_io.Sender(self.sock, gso=config.offload)
+        path = fastpath.name(native)
+        self.receiver = batch_io.Receiver(self.sock, sources=True, gro=config.offload, data_path=path)
+        self.sender = batch_io.Sender(self.sock, gso=config.offload, data_path=path)
         self.table = JobTable(config.max_jobs, config.max_job_bytes, config.idle_s, config.evict_after_s,
                               config.finished_jobs_kept)
         self._names: dict[int, Any] = {}  # destination index -> address (for `handle`'s answers)
@@ -111,8 +118,8 @@ class Switch:
             now = time.monotonic()
             wait = self.config.poll_s
             deadline = self._next_deadline()
-            if deadline is not None:
-                wait = min(wait, max(0.0, deadline - now))
+            if deadline is not None:  # timers are checked once per tick: a passed deadline waits for the next one
+                wait = min(wait, max(0.0, deadline - now, next_timer_check - now))
             readable, _, _ = select.select([self.sock], [], [], wait)
             if readable:
                 self._drain()
@@ -135,6 +142,9 @@ class Switch:
 
     def _drain(self) -> None:
         """Handle the queued datagrams a batch at a time (bounded, so timers still run under a flood)."""
+        if self.fast is not None:
+            self.fast.drain()  # the same loop in C
+            return
         for _ in range(64):
             try:
                 batch = self.receiver.receive()
@@ -155,10 +165,20 @@ class Switch:
         self.counters["tx"] += self.sender.flush()
         self.counters["tx_dropped"] += self.sender.dropped - dropped
 
+    def _send_pointers(self, pointers: np.ndarray, lengths: np.ndarray, dests: np.ndarray) -> None:
+        """Send datagrams at memory addresses `pointers` now (the C path's answers)."""
+        dropped = self.sender.dropped
+        self.sender.add(pointers, lengths, dests)
+        self.counters["tx"] += self.sender.flush()
+        self.counters["tx_dropped"] += self.sender.dropped - dropped
+
     # ---- packets ---------------------------------------------------------------------------------------
     def process(self, batch: batch_io.Datagrams, now: float, outbox: Outbox) -> None:
         """Apply one batch of datagrams; what to send goes to `outbox`, in the order a packet-at-a-time switch
         would send it."""
+        if self.fast is not None:
+            self.fast.process(batch, now, outbox)
+            return
         counters = self.counters
         counters["rx"] += len(batch)
         headers, valid = p.parse_headers(batch.buffer, batch.offsets, batch.lengths)
@@ -210,7 +230,8 @@ class Switch:
                     job.counters["bad"] += len(h)
                 self.counters["bad"] += job.counters["bad"] - bad
 
-    def _control(self, header: np.ndarray, index: int, batch: batch_io.Datagrams, now: float, outbox: Outbox) -> None:
+    def _control(self, header: np.ndarray | None, index: int, batch: batch_io.Datagrams, now: float,
+                 outbox: Outbox) -> None:
         """JOIN, LEAVE, STATS (and packets a worker never sends), one at a time."""
         data = batch.datagram(index)
         key = int(batch.sources[index])
@@ -221,8 +242,9 @@ class Switch:
             outbox.add_bytes(index, self.table.join(h, data, address, key, dest, now), [dest])
             return
         if h.type == p.STATS and h.job == 0:
+            totals = {**self.table.totals(), "fast_path": int(self.fast is not None)}
             reply = p.pack(p.STATS_REPLY, 0, 0, 0, 0, p.SWITCH_RANK, 0, 0,
-                           values=p.stats_payload(self.table.totals(), p.SWITCH_COUNTERS))
+                           values=p.stats_payload(totals, p.SWITCH_COUNTERS))
             outbox.add_bytes(index, reply, [dest])
             return
         job = self.jobs.get(h.job)

@@ -206,8 +206,9 @@ def sto_ticks_from_ms(sto_ms: float) -> int:
 
 # A STATS request for job id 0 asks for the switch's own totals, in this order (a liveness probe too).
 SWITCH_COUNTERS = ("jobs", "rx", "tx", "bad", "tx_dropped", "internal_errors", "jobs_created", "jobs_finished",
-                   "jobs_expired", "joins_rejected", "jobs_evicted", "cpu_us")
-"""`cpu_us`: CPU time the answering switch process has used (benchmarks divide packets by it)."""
+                   "jobs_expired", "joins_rejected", "jobs_evicted", "cpu_us", "fast_path")
+"""`cpu_us`: CPU time the answering switch process has used (benchmarks divide packets by it); `fast_path`: 1
+where it runs the C fast path (`wire.fastpath`), 0 on the numpy path."""
 
 
 def stats_payload(counters: dict[str, int], names: tuple[str, ...] = COUNTERS) -> bytes:

@@ -25,6 +25,11 @@ class QuantizationError(ValueError):
     """Values that cannot be quantized (inf, nan or |x| >= 2**127)."""
 
 
+NOT_FINITE = "cannot quantize inf or nan values for in-network aggregation"
+TOO_LARGE = "values of magnitude >= 2**127 cannot be quantized to int32"
+NO_AGREED_EXPONENT = "no agreed exponent for this block"
+
+
 def block_exponents(values: np.ndarray, block: int) -> np.ndarray:
     """Per block of `block` values: the smallest e with |x| < 2**e for all x in the block (int16)."""
     flat = np.asarray(values).reshape(-1)
@@ -33,11 +38,11 @@ def block_exponents(values: np.ndarray, block: int) -> np.ndarray:
     padded[:len(flat)] = np.abs(flat)
     maxabs = padded.reshape(blocks, block).max(axis=1)
     if not np.all(np.isfinite(maxabs)):
-        raise QuantizationError("cannot quantize inf or nan values for in-network aggregation")
+        raise QuantizationError(NOT_FINITE)
     _, exponents = np.frexp(maxabs.astype(np.float64))  # maxabs = m * 2**e with 0.5 <= m < 1
     exponents = np.where(maxabs == 0, MIN_EXPONENT, exponents)
     if np.any(exponents > MAX_EXPONENT):
-        raise QuantizationError("values of magnitude >= 2**127 cannot be quantized to int32")
+        raise QuantizationError(TOO_LARGE)
     return np.maximum(exponents, MIN_EXPONENT).astype(np.int16)
 
 
@@ -49,7 +54,7 @@ def scale(world: int, exponent: int) -> float:
 def quantize(values: np.ndarray, exponent: int, world: int) -> np.ndarray:
     """round(x * f), clipped so that n contributions cannot overflow int32."""
     if exponent == NO_EXPONENT:
-        raise QuantizationError("no agreed exponent for this block")
+        raise QuantizationError(NO_AGREED_EXPONENT)
     limit = INT32_MAX // world
     scaled = np.multiply(values, scale(world, exponent), dtype=np.float64)
     np.rint(scaled, out=scaled)
@@ -79,7 +84,7 @@ def quantize_blocks(values: np.ndarray, exponents: np.ndarray, world: int, integ
     """`quantize` of each row of `values` (blocks x values) with its exponent: the same integers (with
     `integers=False` still as float64, whole numbers in int32's range, for a caller that stores them as int32)."""
     if np.any(exponents == NO_EXPONENT):
-        raise QuantizationError("no agreed exponent for this block")
+        raise QuantizationError(NO_AGREED_EXPONENT)
     limit = INT32_MAX // world
     scaled = np.multiply(values, scales(world, exponents)[:, None], dtype=np.float64)
     np.rint(scaled, out=scaled)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stepscope.innet.wire import batch_io
+from stepscope.innet.wire import batch_io, fastpath
 from stepscope.innet.wire import protocol as p
 from stepscope.innet.worker.faults import FaultConfig
 from stepscope.innet.worker.links import Links, as_batch
@@ -76,7 +76,8 @@ class Engine:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
-        self.stream = Stream(settings.slots, settings.rank, settings.stash_limit_bytes, self.counters)
+        self.stream = Stream(settings.slots, settings.rank, settings.stash_limit_bytes, self.counters,
+                             fastpath.resolve())
         self.stats_reply: tuple[int, dict[str, int]] | None = None  # (request number, counters)
         self.stats_event = threading.Event()
         self._stats_request = 0  # id of the newest counters request (the op field; keep-alives send 0)
@@ -253,6 +254,12 @@ class Engine:
 
     # ---- packets from the switch ----------------------------------------------------------------------
     def _on_batch(self, batch: batch_io.Datagrams) -> None:
+        indices = self.stream.apply_batch(batch, self.cfg.job_id)  # the usual batch, in C; else as below
+        if indices is not None:
+            if len(indices):
+                self.last_progress = time.monotonic()
+                self.window.answer(indices, self.last_progress)
+            return
         headers, valid = p.parse_headers(batch.buffer, batch.offsets, batch.lengths)
         mine = valid & (headers["job"] == self.cfg.job_id)
         kinds = headers["type"]
@@ -263,13 +270,7 @@ class Engine:
             self._on_control(batch.datagram(i))
 
     def _on_results(self, h: np.ndarray, batch: batch_io.Datagrams, where: np.ndarray) -> None:
-        payload = batch.offsets[where] + p.HEADER_BYTES
-
-        def values(at: np.ndarray, width: int) -> np.ndarray:
-            every = np.lib.stride_tricks.sliding_window_view(batch.buffer, 4 * width)
-            return every[payload[at]].view("<i4")
-
-        indices = self.stream.apply(h, values, lambda i: batch.datagram(int(where[i])))
+        indices = self.stream.apply(h, batch.buffer, batch.offsets[where], lambda i: batch.datagram(int(where[i])))
         if len(indices):
             self.last_progress = time.monotonic()
             self.window.answer(indices, self.last_progress)

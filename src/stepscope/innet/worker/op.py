@@ -8,9 +8,10 @@ block ahead. An int32 op has no prologue (P = 0) and is summed exactly (an avera
 
 Packets are built and results taken a batch at a time: the headers of a batch written as one record array, the
 values of its blocks quantized (or copied) as one (blocks x k) array straight into the send buffer's rows, the
-values of a batch of results dequantized the same way into the tensor. Results are written into the op's own
-tensor (in place): a block's values are read, quantized and kept in the send buffer before its result can
-arrive, so the overwrite is safe.
+values of a batch of results dequantized the same way into the tensor. With the C fast path (`wire.fastpath`)
+the same loops run in C (`_fastpath.build_packets` / `take_results` / `block_exponents`), with the same results
+to the bit. Results are written into the op's own tensor (in place): a block's values are read, quantized and
+kept in the send buffer before its result can arrive, so the overwrite is safe.
 """
 
 from __future__ import annotations
@@ -22,15 +23,26 @@ from typing import Any
 
 import numpy as np
 
+from stepscope.innet.wire import fastpath
 from stepscope.innet.wire import protocol as p
-from stepscope.innet.wire.quantize import block_exponents, dequantize_blocks, quantize_blocks
+from stepscope.innet.wire.quantize import (
+    NO_AGREED_EXPONENT,
+    NOT_FINITE,
+    TOO_LARGE,
+    QuantizationError,
+    block_exponents,
+    dequantize_blocks,
+    quantize_blocks,
+)
 
 
 class Op:
-    """A submitted all-reduce: its blocks, agreed exponents, results and completion."""
+    """A submitted all-reduce: its blocks, agreed exponents, results and completion. `data_path`: 'c' or 'numpy'
+    (None: the environment's choice, `wire.fastpath`)."""
 
     def __init__(self, op_id: int, array: np.ndarray, *, average: bool, min_count: int, preemptive: bool,
-                 values_per_packet: int, slots: int, world: int) -> None:
+                 values_per_packet: int, slots: int, world: int, data_path: str | None = None) -> None:
+        self.native = fastpath.resolve(data_path)
         self.op_id, self.array, self.average = op_id, array, average
         self.quantized = array.dtype == np.float32
         self.min_count, self.preemptive, self.world = min_count, preemptive, world
@@ -40,7 +52,7 @@ class Op:
         self.full = self.n // self.k  # blocks of exactly k values (the last may be shorter)
         self.prologue = min(slots, self.blocks) if self.quantized else 0
         self.packets = self.prologue + self.blocks
-        self.own_exponent = block_exponents(array, self.k) if self.quantized else None
+        self.own_exponent = self._exponents() if self.quantized else None
         self.agreed = np.full(self.blocks, p.NO_EXPONENT, dtype=np.int16)
         self.done = np.zeros(self.packets, bool)
         self.stamp = np.zeros(self.packets, np.int64)  # scratch: which result of a batch came first per packet
@@ -59,6 +71,15 @@ class Op:
         self.event = threading.Event()
         self.callbacks: list[Callable[[Op], Any]] = []
         self._finish_lock = threading.Lock()  # the I/O thread, a sender thread or the caller may finish it
+
+    def _exponents(self) -> np.ndarray:
+        if self.native is None:
+            return block_exponents(self.array, self.k)
+        out = np.empty(self.blocks, np.int16)
+        problem = self.native.block_exponents(self.array, self.k, out)
+        if problem:
+            raise QuantizationError(NOT_FINITE if problem == 1 else TOO_LARGE)
+        return out
 
     # ---- mapping ---------------------------------------------------------------------------------
     def packets_of(self, prologue: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -79,6 +100,14 @@ class Op:
                    rank: int) -> np.ndarray:
         """Write packets `q` into rows `rows` of `out` (uint8, header + k values per row; `versions`: their slot
         versions; a row's slot is its index) and return their lengths."""
+        if self.native is not None:
+            lengths, clipped = np.empty(len(q), np.int64), np.empty(len(q), bool)
+            late = self.native.build_packets(self, q, out, rows, versions, job, rank, lengths, clipped)
+            if late < 0:
+                raise QuantizationError(NO_AGREED_EXPONENT)
+            if late:
+                self.clipped.update((q[clipped] - self.prologue).tolist())  # blocks that do not fit the range
+            return lengths
         prologue = q < self.prologue
         block = np.where(prologue, q, q - self.prologue)
         count = np.where(prologue, 0, np.minimum(self.k, self.n - block * self.k))
@@ -130,9 +159,18 @@ class Op:
         return self.array[self.full * self.k:][None, :]
 
     # ---- results ---------------------------------------------------------------------------------
-    def take_results(self, q: np.ndarray, h: np.ndarray, values: Callable[[np.ndarray, int], np.ndarray]) -> None:
-        """Take results for packets `q` (headers `h`; `values(positions, width)` gathers their values as int32):
-        the agreed exponents they bring and, for data blocks, the values, written into the tensor."""
+    def take_results(self, q: np.ndarray, h: np.ndarray, buffer: np.ndarray, offsets: np.ndarray) -> None:
+        """Take results for packets `q` (headers `h`, the datagrams at byte `offsets` of `buffer`): the agreed
+        exponents they bring and, for data blocks, the values, written into the tensor."""
+        if self.native is not None:
+            self.timed_out_blocks += self.native.take_results(self, buffer, offsets, q)
+            self.remaining -= len(q)
+            return
+
+        def values(at: np.ndarray, width: int) -> np.ndarray:
+            every = np.lib.stride_tricks.sliding_window_view(buffer, 4 * width)  # each datagram's values, in place
+            return every[offsets[at] + p.HEADER_BYTES].view("<i4")
+
         if self.quantized:
             ahead = q < self.blocks
             self.agreed[q[ahead]] = h["next_exponent"][ahead]

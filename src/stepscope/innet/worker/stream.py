@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
 from stepscope.innet.wire import protocol as p
+from stepscope.innet.wire.batch_io import Datagrams
 from stepscope.innet.worker.op import Op
 
 
@@ -43,8 +45,11 @@ class WorkerCounters:
 class Stream:
     """Slot bookkeeping of one worker (used by the engine's I/O thread only)."""
 
-    def __init__(self, slots: int, rank: int, stash_limit_bytes: int, counters: WorkerCounters) -> None:
+    def __init__(self, slots: int, rank: int, stash_limit_bytes: int, counters: WorkerCounters,
+                 native: ModuleType | None = None) -> None:
         self.s, self.rank, self.stash_limit_bytes, self.counters = slots, rank, stash_limit_bytes, counters
+        self.native = native  # the C fast path (`wire.fastpath`) takes the usual batch of results at once
+        self._tag = 0  # marks a batch's results in the ops' stamps on that path (negative, one per batch)
         self.end = 0  # next free stream index
         self.ops: dict[int, Op] = {}
         self.order: list[Op] = []  # admitted ops in stream order; finished ones leave from the front
@@ -78,9 +83,10 @@ class Stream:
             index = self.slot_next[slots]
             which = np.searchsorted(self.bases, index, side="right") - 1
             done = which < 0  # the op finished and left the stream
-            for i in np.unique(which[which >= 0]).tolist():
-                op, mine = self.order[i], which == i
-                done[mine] = op.done[index[mine] - op.base]
+            for i, mine in _groups(which):
+                if i >= 0:
+                    op = self.order[i]
+                    done[mine] = op.done[index[mine] - op.base]
             if not done.any():
                 break
             self.counters.skipped += int(np.count_nonzero(done & (which >= 0)))
@@ -91,22 +97,40 @@ class Stream:
         index = self.slot_next[slots]
         which = np.searchsorted(self.bases, index, side="right") - 1
         sendable = np.zeros(len(slots), bool)
-        for i in np.unique(which).tolist():
-            mine = which == i
+        for i, mine in _groups(which):
             sendable[mine] = self.order[i].sendable(index[mine] - self.order[i].base)
         first = np.argsort(index[sendable], kind="stable")[:limit]
         slots, index, which = slots[sendable][first], index[sendable][first], which[sendable][first]
-        return [(self.order[i], index[which == i] - self.order[i].base, slots[which == i])
-                for i in np.unique(which).tolist()]
+        return [(self.order[i], index[mine] - self.order[i].base, slots[mine]) for i, mine in _groups(which)]
 
-    def apply(self, h: np.ndarray, values: Callable[[np.ndarray, int], np.ndarray],
+    def apply_batch(self, batch: Datagrams, job_id: int) -> np.ndarray | None:
+        """The usual batch, only results of ops in flight and none OLD, taken in C with `apply`'s decisions
+        (`_fastpath.take_batch`): the stream indices completed; None when the batch is for `apply`."""
+        if self.native is None or not self.ops or any(op.native is None for op in self.ops.values()):
+            return None
+        self._tag -= 1
+        out = np.empty(len(batch), np.int64)
+        taken = self.native.take_batch(self.ops, batch.buffer, batch.offsets, batch.lengths, job_id, self._tag, out)
+        if taken is None:
+            return None
+        self.counters.results += taken[0]
+        self.counters.duplicate_results += taken[1]
+        index = out[:taken[0]]
+        for _, mine in _groups(np.searchsorted(self.bases, index, side="right") - 1):  # op by op, as `apply`
+            slot = index[mine] % self.s
+            moves = self.slot_next[slot] == index[mine]
+            self.slot_next[slot[moves]] += self.s
+        for op in [op for op in self.ops.values() if op.remaining == 0]:
+            self._complete(op)
+        return index
+
+    def apply(self, h: np.ndarray, buffer: np.ndarray, offsets: np.ndarray,
               datagram: Callable[[int], bytes]) -> np.ndarray:
-        """Take a batch of RESULT packets (headers `h`; `values(positions, width)` their values, `datagram(i)`
+        """Take a batch of RESULT packets (headers `h`, the datagrams at byte `offsets` of `buffer`; `datagram(i)`
         one of them as bytes); returns the stream indices they completed (stashed, duplicate, foreign: none)."""
         applied = []
-        op_ids = h["op"]
-        for op_id in np.unique(op_ids).tolist():
-            mine = np.flatnonzero(op_ids == op_id)
+        for op_id, which in _groups(h["op"]):
+            mine = np.arange(len(h)) if isinstance(which, slice) else np.flatnonzero(which)
             op = self.ops.get(op_id)
             if op is None:
                 if op_id > self.last_admitted:
@@ -114,10 +138,10 @@ class Stream:
                         self._stash(op_id, datagram(i))
                 continue  # else: a duplicate for an op that already finished
             q = op.packets_of((h["flags"][mine] & p.PROLOGUE) != 0, h["offset"][mine])
-            known = np.maximum(q, 0)
-            position = np.arange(len(q))
-            op.stamp[known[::-1]] = position[::-1]  # duplicates: the first one's position is written last
-            fresh = (q >= 0) & (op.stamp[known] == position) & ~op.done[known]  # one result per packet
+            known, position = np.maximum(q, 0), np.arange(len(q))
+            fits = q >= 0
+            op.stamp[q[fits][::-1]] = position[fits][::-1]  # duplicates: the first one's position is written last
+            fresh = fits & (op.stamp[known] == position) & ~op.done[known]  # one result per packet
             self.counters.duplicate_results += int(np.count_nonzero(~fresh))
             late = fresh & ((h["flags"][mine] & p.OLD) != 0)
             if late.any():
@@ -127,7 +151,7 @@ class Stream:
                                  f"job's result history behind)")
             fresh &= op.results_fit(np.maximum(q, 0), h["count"][mine].astype(np.int64))
             take = mine[fresh]
-            op.take_results(q[fresh], p.take_headers(h, take), lambda at, width, take=take: values(take[at], width))
+            op.take_results(q[fresh], h if op.native is not None else p.take_headers(h, take), buffer, offsets[take])
             self.counters.results += len(take)
             index = op.base + q[fresh]
             slot = index % self.s
@@ -157,3 +181,14 @@ class Stream:
         if gone:
             del self.order[:gone]
             self.bases = self.bases[gone:]
+
+
+def _groups(values: np.ndarray) -> list[tuple[int, np.ndarray | slice]]:
+    """(value, where) of each distinct value, in increasing order; `where` is a boolean mask, or slice(None) when
+    every element holds the value (the usual batch: one op), which spares the masks."""
+    if not len(values):
+        return []
+    first = int(values[0])
+    if values[-1] == first and (values == first).all():
+        return [(first, slice(None))]
+    return [(value, values == value) for value in np.unique(values).tolist()]
