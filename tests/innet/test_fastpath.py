@@ -55,7 +55,7 @@ def test_the_c_switch_equals_the_numpy_switch_and_the_reference_after_every_batc
     numpy_switch, reference = joined_switch(world, k, slots, history=history, data_path="numpy")
     c_switch, _ = joined_switch(world, k, slots, history=history, data_path="c")
     packets = _stream(rng, world, k, slots, ops=10)
-    now, start, timeouts = 0.0, 0, 0
+    now, start = 0.0, 0
     while start < len(packets):
         batch = packets[start:start + rng.choice([1, 2, 5, 16, 64])]
         start += len(batch)
@@ -66,7 +66,6 @@ def test_the_c_switch_equals_the_numpy_switch_and_the_reference_after_every_batc
         now += rng.choice([1e-5, 2e-3, 0.15])  # across the STO (1.05 ms) and the STATUS wait (0.1 s)
         if rng.random() < 0.5:  # the Python timers fire on the state either path left
             fired = reference.expire(now)
-            timeouts += len(fired)
             assert c_switch.jobs[JOB].expire(now) == fired == numpy_switch.jobs[JOB].expire(now)
     counters = c_switch.jobs[JOB].counters
     assert {name: counters[name] for name in reference.counters} == reference.counters
