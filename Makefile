@@ -6,11 +6,11 @@ TORCH ?= torch==2.13.0
 # Where the CPU build comes from when no local +cpu wheel exists.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 # Extras installed into the development environment.
-EXTRAS ?= test,lint,triton,mpi
+EXTRAS ?= test,lint,triton,mpi,docs
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stepscope-setup
 
-.PHONY: setup run test lint browser-check clean
+.PHONY: setup run test lint docs docs-outputs browser-check clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,14 @@ lint: setup
 	$(VENV)/bin/lint-imports --no-cache
 	@! git grep -nE '^(<<<<<<<|>>>>>>>)( |$$)' -- . ':!Makefile' || { echo "conflict markers above"; exit 1; }
 
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link or a page missing from the nav fails
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+# Rerun every command whose output README.md and docs/*.md show (<!-- output: ... --> blocks; a few minutes on CPU)
+docs-outputs: setup
+	$(PY) scripts/regen_docs_outputs.py
+
 # A report in headless Chromium: no console errors, every plot laid out, sorting, filtering and the dark scheme
 # work, a screenshot (stepscope-results/browser-check.png). REPORT=path checks that page instead of a generated
 # one. Installs Debian's chromium where apt-get may (root; BROWSER_INSTALL=0 never does); no browser: a skip.
@@ -52,4 +60,4 @@ browser-check: setup
 	$(PY) -m stepscope.report.browser_check $(REPORT)
 
 clean:
-	rm -rf $(VENV) stepscope-results
+	rm -rf $(VENV) stepscope-results site
