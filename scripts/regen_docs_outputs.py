@@ -16,7 +16,9 @@ The marker holds the command line(s) and, after ` | `, filters for an excerpt:
 - `| show "TEXT"`: keep the table (or block) whose title line contains TEXT, up to the blank line after it;
 - `| line "TEXT"`: keep the first line containing TEXT;
 - `| head N`: keep the first N lines;
-- `| exit N`: the command is expected to exit with N (an example of a refusal), not 0.
+- `| exit N`: the command is expected to exit with N (an example of a refusal), not 0;
+- `| raw`: the kept lines go into the page as they are, without a code block or `$` line (a `--format md`
+  table, with the command named in the text beside it).
 
 Pieces that are not adjacent in the output are separated by a `...` line. The commands of one Markdown file run
 in one fresh working directory, in the order of the file, so a later block reads the records of an earlier one
@@ -49,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600
 MARKER = re.compile(r"^<!-- output: (?P<spec>.*?) -->\n(?P<body>.*?)^<!-- /output -->\n", re.S | re.M)
 LEFT_ALONE = re.compile(r"^<!-- (?P<kind>gpu-output|measured): (?P<what>.*?) -->$", re.M)
-FILTER = re.compile(r'^(?P<name>show|line|head|exit)\s+(?:"(?P<text>[^"]*)"|(?P<number>\d+))$')
+FILTER = re.compile(r'^(?P<name>show|line|head|exit)\s+(?:"(?P<text>[^"]*)"|(?P<number>\d+))$|^(?P<raw>raw)$')
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Block:
     commands: list[str]
     filters: list[tuple[str, str]] = field(default_factory=list)
     exit_code: int = 0
+    raw: bool = False
 
 
 def parse_spec(spec: str) -> Block:
@@ -70,6 +73,9 @@ def parse_spec(spec: str) -> Block:
         match = FILTER.match(part.strip())
         if not match:
             raise ValueError(f"unknown filter {part.strip()!r} in marker {spec!r}")
+        if match.group("raw"):
+            block.raw = True
+            continue
         value = match.group("text") if match.group("text") is not None else match.group("number")
         if match.group("name") == "exit":
             block.exit_code = int(value)
@@ -110,11 +116,16 @@ def _block_end(lines: list[str], start: int) -> int:
     return next((i for i in range(after, len(lines)) if not lines[i].strip()), len(lines))
 
 
-def stepscope_argv(command: str) -> list[str]:
-    """The argv that runs `command` with this checkout's Python (`stepscope ...` -> `python -m stepscope ...`)."""
+def stepscope_argv(command: str) -> tuple[list[str], dict[str, str]]:
+    """The argv that runs `command` with this checkout's Python (`stepscope ...` -> `python -m stepscope ...`),
+    and the variables of its leading `NAME=VALUE` words (`TRITON_INTERPRET=1 stepscope attention ...`)."""
     argv = shlex.split(command)
+    env: dict[str, str] = {}
+    while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[0]):
+        name, value = argv.pop(0).split("=", 1)
+        env[name] = value
     if argv and argv[0] == "stepscope":
-        return [sys.executable, "-m", "stepscope", *argv[1:]]
+        return [sys.executable, "-m", "stepscope", *argv[1:]], env
     raise ValueError(f"only stepscope commands run here, not {command!r}")
 
 
@@ -123,17 +134,22 @@ def run_block(block: Block, workdir: Path) -> str:
     shown: list[str] = []
     for i, command in enumerate(block.commands):
         last = i == len(block.commands) - 1
-        done = subprocess.run(stepscope_argv(command), cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=TIMEOUT_S, env={**os.environ, "PYTHONHASHSEED": "0"})
+        argv, env = stepscope_argv(command)
+        done = subprocess.run(argv, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=TIMEOUT_S, env={**os.environ, "PYTHONHASHSEED": "0", **env})
         expected = block.exit_code if last else 0
         if done.returncode != expected:
             raise RuntimeError(f"`{command}` exited {done.returncode} (expected {expected}):\n{done.stdout[-2000:]}")
-        shown.append(f"$ {command}")
+        if not block.raw:
+            shown.append(f"$ {command}")
         if last:
             lines = [line.rstrip() for line in done.stdout.rstrip("\n").splitlines()]
             while lines and not lines[0].strip():
                 lines.pop(0)
-            shown.extend(_squeeze_blank_runs(excerpt(lines, block.filters)))
+            kept = excerpt(lines, block.filters)
+            shown.extend(_squeeze_blank_runs([line for line in kept if line != "..."] if block.raw else kept))
+    while shown and not shown[-1]:
+        shown.pop()
     return "\n".join(shown) + "\n"
 
 
@@ -178,7 +194,8 @@ def regenerate(path: Path, listing: bool) -> tuple[int, int, list[str]]:
             started = time.perf_counter()
             try:
                 body = run_block(block, workdir)
-                replacement = f"<!-- output: {block.spec} -->\n```\n{body}```\n<!-- /output -->\n"
+                fenced = body if block.raw else f"```\n{body}```\n"
+                replacement = f"<!-- output: {block.spec} -->\n{fenced}<!-- /output -->\n"
             except (RuntimeError, ValueError, subprocess.TimeoutExpired) as error:
                 failures.append(f"{name}: {block.spec}: {error}")
                 replacement = match.group(0)
