@@ -6,11 +6,11 @@ TORCH ?= torch==2.13.0
 # Where the CPU build comes from when no local +cpu wheel exists.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 # Extras installed into the development environment.
-EXTRAS ?= test,lint,triton,mpi
+EXTRAS ?= test,lint,triton,mpi,docs
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stepscope-setup
 
-.PHONY: setup run test lint mutants browser-check clean
+.PHONY: setup run test lint mutants docs docs-outputs browser-check clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,14 @@ lint: setup
 	$(VENV)/bin/vulture
 	@! git grep -nE '^(<<<<<<<|>>>>>>>)( |$$)' -- . ':!Makefile' || { echo "conflict markers above"; exit 1; }
 
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link or a page missing from the nav fails
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+# Rerun every command whose output README.md and docs/*.md show (<!-- output: ... --> blocks; a few minutes on CPU)
+docs-outputs: setup
+	$(PY) scripts/regen_docs_outputs.py
+
 # A report in headless Chromium: no console errors, every plot laid out, sorting, filtering and the dark scheme
 # work, a screenshot (stepscope-results/browser-check.png). REPORT=path checks that page instead of a generated
 # one. Finds or installs Chromium wherever it can (scripts/install_browser.sh: STEPSCOPE_BROWSER, PATH, Playwright's
@@ -59,4 +67,4 @@ browser-check: setup
 	$(PY) -m stepscope.report.browser_check $(REPORT)
 
 clean:
-	rm -rf $(VENV) stepscope-results
+	rm -rf $(VENV) stepscope-results site

@@ -1,15 +1,15 @@
 """stepscope.perfmodel: an analytical model of transformer training steps (numpy only, never torch).
 
-- `ops`: per-op FLOPs, bytes, saved activations, parameters and collectives of one micro-batch;
-- `collectives`, `timing`, `memory`: α–β collectives on two network tiers, roofline op times, pipeline
-  bubble and overlap rules, memory by ZeRO stage and recompute mode;
-- `evaluate`: one plan, op by op (the reference), and `layers`: its per-layer table;
-- `candidates`, `vectorized_terms`, `vectorized`: many plans at once with numpy (tested against `evaluate`);
-- `search`: enumerate and rank every valid plan;
-- `records`, `nnls`, `calibrate_fit`, `calibrate`, `compare`, `validate`: read stepscope's measured records, fit a
-  system to them, put predictions next to measurements, check against published runs;
+- `model`: every cost written once over numpy arrays (one plan = an array of one): per-op accounting, op times,
+  collectives, schedules, where groups sit, the step, `evaluate` / `evaluate_many`, the per-layer table;
+- `search`: enumerate every valid plan in chunks on worker processes, keep the top k;
+- `calibrate`: fit a system or a stack to measured records, published runs, op rates or traces;
+- `validate`: put predictions next to measured records and traces (`compare`), check them against published runs;
+- `records`: read stepscope's measured records; `runs`: what the run_* functions share;
 - the runs behind the commands, each writing its records: `predict.run_predict`, `plan.run_plan`,
-  `compare.run_compare`, `validate.run_validate`, `calibrate_run.run_calibrate` (what they share: `runs`).
+  `validate.compare.run_compare`, `validate.validate.run_validate`, `calibrate.run.run_calibrate`.
+
+How the model prices a step: docs/model.md; the commands: docs/perfmodel.md; its accuracy: docs/validation.md.
 """
 
 from stepscope.perfmodel.model.evaluate import Prediction, evaluate

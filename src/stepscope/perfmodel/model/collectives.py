@@ -1,46 +1,10 @@
-"""Collectives on a two-tier network, over numpy arrays (one element per plan). A group of n ranks spans
-N = ceil(n/g) fast domains with g members in each; B = tier bandwidth x tier efficiency (per GPU,
-unidirectional), α = the tier's per-hop latency. A collective of one rank or of no bytes takes no time.
+"""Collectives on a two-tier network (NVLink domains and the NICs between them), over numpy arrays: one element
+per plan. `Network.collectives` picks the algorithms: "nccl" (NCCL 2.30's ring, double binary tree and PAT, and
+its tuner's choice; the GPU presets) or "alpha-beta" (the textbook additive model: gloo, and what `calibrate` fits
+to measured collectives). All-to-all, the deduplicated MoE dispatch and point-to-point sends are priced alike in
+both. A collective of one rank or of no bytes takes no time.
 
-**NCCL** (`Network.collectives = "nccl"`, the GPU presets), from NCCL's own algorithms and tuner (NVIDIA/nccl
-2.30 `src/graph/tuning.cc` `ncclTopoTuneModel`, `src/enqueue.cc` `topoGetAlgoInfo`):
-- each algorithm has a bandwidth term X and a latency term L. In a ring over N domains every GPU is the
-  domain-boundary sender in 1/g of NCCL's channels, so per GPU its NIC carries 1/g and NVLink (g−1)/g of what
-  it sends, at the same time: X = V·max((g−1)/(g·B_intra), 1/(g·B_inter)), V = (n−1)/n·S for reduce-scatter and
-  all-gather, twice that for all-reduce (V/B_intra in one domain). L = (n−N)·α_intra + (N−1)·α_inter hops, twice
-  for all-reduce;
-- all-reduce may also run as NCCL's double binary tree across domains (a chain inside each): X = 2·S·max(1/B_intra,
-  1/(g·B_inter)), L = 2·((g−1)·α_intra + ceil(log2 N)·α_inter); reduce-scatter and all-gather with one GPU per
-  domain may run as PAT (NCCL 2.23, Bruck-like, logarithmic steps; "only supports one rank per node"): X =
-  V/(0.75·B_inter), L = log2(N)·α_inter/3.5 + 2.8 µs·n (tuning.cc's PAT bandwidth factor and linear term);
-- NCCL picks the algorithm with the least X + L (its tuner's additive estimate); the chosen one takes
-  launch + max(X, L): data moves in chunks (512 KiB per channel step, up to 8 in flight), so a hop's latency
-  shows only where a rank's slice is smaller than the latency-bandwidth product, and the whole transfer can
-  never beat the hops it must make. NVLink SHARP (NVLS) and IB SHARP are not modelled.
-
-**α–β** (`"alpha-beta"`: gloo, and what `calibrate` fits to measured collectives): the textbook additive model.
-Hierarchical algorithms do the intra-domain part on NVLink and the inter-domain part on each GPU's own NIC with
-1/g of the data:
-- ring all-reduce:  2(g−1)/g·S/B_intra + 2(g−1)·α_intra + 2(N−1)/N·(S/g)/B_inter + 2(N−1)·α_inter
-  (the factor 2 holds in every case, also when the group fits in one tier; the published LBNL model
-  dropped it there);
-- tree all-reduce (what libraries pick for small messages): 2·ceil(log2 n)·α + 2·S/B on the slowest tier
-  the group uses; the model takes the faster of ring and tree;
-- reduce-scatter / all-gather (S = the total, gathered size): (g−1)/g·S/B_intra + (g−1)·α_intra
-  + (N−1)/N·(S/g)/B_inter + (N−1)·α_inter;
-- all-to-all (S = one rank's send buffer, nccl-tests' size; each peer gets S/n): the (g−1)/n·S bound for
-  its own domain go over NVLink, the (n−g)/n·S for the others over its NIC, one after the other:
-  (g−1)/n·S/B_intra + α_intra + (n−g)/n·S/B_inter + α_inter (a tier's α only where the group uses it); in
-  one domain this is nccl-tests' (n−1)/n bus-bandwidth factor;
-- deduplicated dispatch (DeepEP, HybridEP: Megatron-Core's flex dispatcher; DeepSeek-V3 §3.2.2): a token
-  bound for k experts crosses the network once per destination domain and is fanned out there over NVLink.
-  With the EP group over N domains and routing limited to A of them (group-limited routing: M of G expert
-  groups, A = min(N, M·ceil(N/G))), a token reaches D = A·(1 − (1 − 1/A)^k) domains on average (k uniform
-  picks among A), D·(N−1)/N of them remote; S = the rank's tokens, one copy each:
-  max(D·(N−1)/N·S/B_inter + α_inter, k·(g−1)/g·S/B_intra + α_intra) (the two tiers are pipelined: NVLink
-  forwards what the NIC delivers); in one domain it is the all-to-all of k·S;
-- point-to-point: α + S/B on the tier joining the two ranks.
-All-to-all, dispatch and point-to-point take the formulas above in both models (plus NCCL's launch cost).
+The formulas, their sources and constants: docs/model.md, "Collectives"; the dispatchers: docs/perfmodel.md.
 """
 
 from __future__ import annotations

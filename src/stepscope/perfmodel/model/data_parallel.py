@@ -1,34 +1,10 @@
-"""Data-parallel communication as each training stack schedules it: which buckets the gradients are reduced in,
-when each reduction starts and what it hides behind, when the weights are gathered. Over numpy arrays.
+"""Data-parallel communication as each training stack schedules it (`spec.stack`: megatron, ddp, after-backward,
+fsdp): which buckets the gradients are reduced in, when each reduction starts and what it hides behind, when the
+weights are gathered. Over numpy arrays.
 
 `data_parallel_terms` prices the collectives of the pipeline stage holding the most parameters (level 1: what does
 not depend on the ZeRO stage); `exposed` picks what each plan's ZeRO stage and its stack's schedule leave on the
-critical path (level 2). Gradients are reduced over the dp x cp ranks holding the same weights (all-reduce for
-ZeRO 0, reduce-scatter within the shard group otherwise, then HSDP's all-reduce of the shards across replicas),
-routed experts with a group of their own over it, in the plan's gradient dtype. The stacks (`spec.stack`):
-
-- `megatron` (Megatron-Core's DDP and distributed optimizer, NVIDIA/Megatron-LM@d98e8a6
-  `distributed_data_parallel.py`, `param_and_grad_buffer.py`, `pipeline_parallel/schedules.py`): buckets of
-  max(40M, 1M x dp) parameters; under a pipeline only the first rank's first model chunk is bucketed and every
-  other chunk is one bucket. Reductions run on one stream in launch order. Without a pipeline they overlap the
-  last micro-batch's backward but for the last bucket. With one, virtual chunk c's reduction is launched when its
-  last backward is done, c·p backward chunk-slots before the end (the interleaved schedule runs each chunk's last
-  p micro-batches in a row), and the first rank's chunk 0 last; the second rank ends its backward one
-  chunk-slot and a pipeline send earlier and reduces its chunk 0 as one bucket: the later of the two finishes
-  sets what shows. Updated weights are gathered behind the next forward (`overlap_param_gather`): the first
-  chunk's gather behind the other chunks' optimizer step (interleaved; NeMo: "exposes only one DP communication
-  chunk"), else bucket by bucket behind the forward but for the first bucket.
-- `ddp` (PyTorch DDP): 25 MiB buckets (`bucket_cap_mb`) behind the last micro-batch's backward but for the last;
-  ZeRO-1/2's updated weights gathered behind the next forward but for the first bucket.
-- `after-backward` (Megatron-LM 2021-23, DeepSpeed ZeRO-1/2's default `overlap_comm` off): the gradients reduced
-  in 5e8-element buckets (DeepSpeed's `reduce_bucket_size`) once the backward is done, the updated weights gathered
-  in the optimizer step: nothing overlapped.
-- `fsdp` (PyTorch FSDP, and what every stack does for ZeRO-3): one all-gather and one reduce-scatter per
-  transformer block, the next block's gather issued while this one computes (FSDP's prefetch): per pass the
-  first block's gather shows, then each block's collectives beyond its own compute, and the last reduce-scatter
-  (the root's: embedding and head) after the backward.
-While a collective runs beside compute its kernels hold `Network.collective_sms` of the GPU's SMs: the compute it
-hides behind is slowed by that share of it (`schedule.overlapped_exchange`).
+critical path (level 2). The schedules, with their sources: docs/model.md, "The training stack".
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
-"""Per-op accounting of one micro-batch on one GPU: FLOPs, HBM bytes, saved activations, parameters and
-collectives, forward and backward separately. Numbers only; turning them into time is `timing.py`.
+"""Per-op accounting of one micro-batch on one GPU: FLOPs (executed and MFU), HBM bytes, saved activations,
+parameters, kernels and collectives, forward and backward separately, of every op of a dense block, the embedding
+and the head. Numbers only; turning them into time is `rates`. A Mixture-of-Experts block is `ops_moe`.
 
-Conventions (the reference the vectorized evaluator is tested against):
-- A matrix op M x K x N costs 2·M·K·N FLOPs and moves (M·K + K·N + M·N) elements once; its backward is two
-  matrix ops of the same size (input gradient and weight gradient): 2x the FLOPs, bytes and kernels.
-- `flops` are executed FLOPs (what takes time); `model_flops` are the MFU FLOPs of `ModelSpec`
-  (causal attention counts half of the s x s work). Unfused attention executes the full s x s square;
-  a fused (flash) kernel skips masked blocks, and its backward re-computes the scores (2.5x forward).
-- Elementwise ops stream their inputs and outputs once (`bytes`) and do a nominal number of FLOPs per
-  element (`VECTOR_FLOPS`); their backward moves and computes `VECTOR_BACKWARD` times as much.
-- `saved_bytes` are the activations an op keeps for backward (Korthikanti et al. 2022 accounting: 16-bit
-  activations give s·b·h·(34 + 5·a·s/h) per GPT layer, 1-byte dropout masks); `saved_selective_bytes` is
-  what stays stored under selective recomputation (the s x s tensors are dropped and re-computed).
-- Tensor parallelism (Megatron 1-D): QKV/up are column-parallel, out/down row-parallel, the embedding and
-  the logits vocabulary-parallel. Without sequence parallelism each block does one all-reduce of the
-  (tokens x d_model) activations forward and one backward; with it, an all-gather and a reduce-scatter.
-- fp8 (`Geometry.fp8_recipe`): the four linear layers of a block run as fp8 GEMMs (E4M3 forward, E5M2
-  gradients: the same rate) and save their inputs in fp8; attention, norms, softmax, the embedding and the
-  logits stay 16-bit (Transformer Engine's and torchao's defaults); one cast op per block (`fp8_casts`).
-- Attention widths are n_heads x head_dim (`ModelSpec.q_dim`), which may differ from d_model (Qwen3).
-- Mixture-of-Experts blocks replace the MLP block of every layer after `dense_layers`: `ops_moe.py`.
-- Kernel counts follow an eager implementation like `stepscope.nn.TransformerLM` (rotary: 7 kernels per
-  tensor; SwiGLU: silu and mul).
+The conventions (matrix ops and their three passes, fused and unfused attention, elementwise ops, Korthikanti et
+al.'s activations, Megatron's tensor parallelism, fp8, kernel counts) are in docs/model.md, "Ops"; they are the
+reference the parameter and FLOP counts of `ModelSpec` and `TransformerLM` are tested against.
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
-"""Per-op accounting of one Mixture-of-Experts block on one GPU (the conventions of `ops.py`).
+"""Per-op accounting of one Mixture-of-Experts block on one GPU (the conventions of `ops`): router, top-k,
+dispatch and combine over the expert-parallel group, the grouped expert GEMMs of the local experts scaled by the
+busiest rank's imbalance, shared experts; expert weights 1/ep per GPU, reduced over their own group.
 
-A MoE block replaces the MLP block of every layer after the model's `dense_layers`. With expert parallelism
-(`Geometry.ep` ranks carved out of dp x cp, as in Megatron-Core) and experts tensor-parallel like the dense
-MLP (expert-TP = tp; Megatron-Core's default, which also requires sequence parallelism when tp > 1):
-- the router (a d_model x n_experts GEMM, replicated over TP) scores the GPU's own `sharded_tokens`, then
-  softmax/sigmoid, top-k and normalisation (one vector op over the scores);
-- dispatch: the k copies of each token are permuted into expert order (memory traffic) and sent over the EP
-  group, by all-to-all or deduplicated per node (`ParallelPlan.dispatcher`); forward dispatch and combine
-  are two exchanges, their gradients two more;
-- with tp > 1 the received tokens are all-gathered over the TP group (reduce-scattered back after the
-  experts), as the dense MLP's sequence-parallel entry and exit, but with k times the tokens; with whole
-  experts (`Geometry.expert_tp` 1, Megatron-Core's expert-TP 1) there is no such exchange and each GPU's
-  experts take the copies of its own sequence-parallel tokens;
-- the expert GEMMs are grouped GEMMs over the n_experts / ep local experts: on average a GPU's experts
-  receive as many token copies as it sent (b·s/cp·k over its TP group), the busiest EP rank
-  `expert_imbalance` (max/mean tokens per expert rank) times that; it sets the pace of every rank, so
-  the expert GEMMs, their activation and the all-to-all bytes are scaled by it;
-- combine: the expert outputs go back by all-to-all, un-permuted and summed with the router weights;
-- shared experts (DeepSeek-V3) are a dense MLP of n_shared x expert_d_ff every token goes through;
-- expert weights (`Op.expert`) are 1/ep of the routed experts per GPU: their gradients are reduced, and their
-  ZeRO state sharded, over the `expert_dp` expert-data-parallel ranks (dp x cp / ep, x tp with whole experts;
-  `evaluate`, `memory`).
-Not modelled: token dropping (a capacity factor only bounds the imbalance: the busiest expert takes at most
-capacity_factor x its fair share), the auxiliary-loss arithmetic (negligible), fp32 routing.
+What the block holds and what is not modelled: docs/model.md, "Mixture-of-Experts"; the plan fields (ep,
+expert-TP folding, dispatchers, imbalance): docs/perfmodel.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
-"""From op counts to seconds on one device: the roofline of one op direction, over numpy arrays.
+"""From op counts to seconds on one device: the roofline of one op direction, over numpy arrays. An op takes
+max(compute, memory) + kernels x overhead; a GEMM's efficiency is the system's curve at its FLOPs x K/(K + K0) x
+its tile and wave quantization, times `flash_efficiency` for fused attention and `fp8_efficiency` for fp8 GEMMs;
+a GPU capped below its rated power runs its matrix ops at a lower clock.
 
-An op takes max(compute, memory) + kernels x overhead, where compute = FLOPs / (peak·η) for matrix ops and
-FLOPs / vector peak for elementwise ops; memory = bytes / (HBM bandwidth · efficiency).
-
-η of a GEMM of M x N outputs and inner dimension K, G of them (`Cost.gemms`), is the product of
-- the system's efficiency curve at its FLOPs (`matrix_efficiency_by_GFLOP`, interpolated harmonically in
-  log10(size): 1/η linear between knots, clamped outside; `spec.system`): small GEMMs cannot fill the GPU or pay
-  their launch; its top is the sustained rate of large, perfectly tiled GEMMs;
-- K/(K + K0): every output tile pays a fixed cost (its pipeline fill and the store of its output) against a main
-  loop of K; K0 per precision is the accelerator's `gemm_k0` (fitted with the curve's top to measured GEMMs by
-  `calibrate --rates`; a first-principles ratio P·b_out/(2·bandwidth) sets how it moves between GPUs);
-- tile and wave quantization (NVIDIA, Matrix Multiplication Background User's Guide §3.1-3.2; DeepGEMM's own
-  heuristic `wave_efficiency`): the outputs are computed in BM x BN tiles (128x128, 128x256 or 256x128, the best
-  of them), T = G·ceil(M/BM)·ceil(N/BN) tiles run in ceil(T/S) waves on the S = `sm_count` SMs, so
-  M·N·G / (ceil(T/S)·S·BM·BN) of the launched work is useful;
-times `flash_efficiency` for fused attention (an op of kind attention, priced by FLOPs) and `fp8_efficiency`
-for fp8 GEMMs. A matrix op without shapes is priced by the curve at its FLOPs per kernel.
-
-Power: back-to-back GEMMs hold a GPU at its power limit, where the firmware lowers the SM clock until the board
-draws no more (stepscope's H200 at 700 W: median 1,432 MHz against 1,980 at boost, docs/gpu-measurements.md). A
-GPU capped at another limit P than the one its rates were measured at (P_ref, `Accelerator.rated_power_W`)
-sustains the clock ((P − P0)/(P_ref − P0))^(1/2) of it: the board's dynamic power C·V²·f above a static P0 of
-100 W (83 W measured idle), with the voltage V rising about as √f over the DVFS range (an assumption between
-V constant, P ∝ f, and V ∝ f, P ∝ f³; a clock log at two limits would settle it). Matrix rates scale with the clock;
-memory-bound work does not (the HBM clock is not lowered).
+The formulas, their sources and the measured constants: docs/model.md, "Time on one device".
 """
 
 from __future__ import annotations

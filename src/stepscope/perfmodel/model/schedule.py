@@ -1,18 +1,8 @@
-"""When work runs and what hides behind what: overlap rules, the pipeline schedule, gradient buckets and the
-data-parallel collectives per step, the optimizer step. Over numpy arrays (one element per plan); ints work too.
+"""When work runs and what hides behind what: overlap rules of tensor-, context- and expert-parallel exchanges, the
+pipeline schedule (bubble, rounds), gradient buckets and the data-parallel collectives per step, ZeRO gathers, the
+optimizer step. Over numpy arrays (one element per plan); ints work too.
 
-- A tensor/context-parallel collective is exposed, unless the plan overlaps it with its op, in which case
-  only what exceeds the op's compute time shows (TP collectives only when the TP group is inside one fast
-  domain: `Collective.hides`).
-- Expert-parallel exchanges overlapped with the MoE block's GEMMs (`ParallelPlan.ep_overlap`) hide behind
-  them, but a dispatcher whose kernels hold SMs (DeepEP: 20) leaves the GEMMs the rest while it runs:
-  what the pair adds to the GEMMs is max(share x exchange, exchange − GEMMs) (`overlapped_exchange`).
-- Pipeline (1F1B, v virtual chunks): bubble = (p−1)/v x (forward + backward of one micro-batch on the
-  slowest stage), i.e. a fraction (p−1)/(v·m) of the m micro-batches' time, once per pipeline round.
-- Data-parallel reduction overlaps the last micro-batch's backward, except the last bucket, which can
-  only start when backward ends: exposed = max(reduce − backward window, last bucket) when overlapped.
-  Without a pipeline, sharded gradients (ZeRO-2/3) are reduced after every micro-batch's backward; under a
-  pipeline schedule every stage reduces once per round (`gradient_reductions`).
+The rules: docs/model.md, "The training stack" and "Mixture-of-Experts".
 """
 
 from __future__ import annotations

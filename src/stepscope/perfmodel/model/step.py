@@ -3,19 +3,8 @@ the data-parallel exposure, the optimizer, the phases and the breakdown by cause
 the fullest stage. Over numpy arrays that broadcast: `evaluate.evaluate_many` passes the terms of groups of plans
 (axis 0) and the ZeRO stages and recompute modes of their members (the other axes).
 
-- The slowest stage (first: embedding; last: logits and loss) sets the pace of every micro-batch; the bubble is
-  (p−1)/v of its micro-batch time, once per pipeline round (`schedule.bubble`).
-- Gradients are reduced over the dp x cp ranks holding the same weights, behind the pace stage's last backward
-  but for the last bucket (`schedule.dp_exposed`), as many times per step as `schedule.gradient_reductions` says;
-  HSDP all-reduces the reduced shards across replicas; ZeRO-3 gathers its weights behind each pass but for the
-  first bucket (`schedule.zero3_gathers` times per step), ZeRO-1/2 after the optimizer, behind the next forward.
-- Memory per GPU: weights, gradients and Adam state by ZeRO stage (16 bytes per parameter in mixed precision:
-  2 + 2 + 12, sharded over the shard group by stage, 1 = optimizer state, 2 = + gradients, 3 = + weights;
-  Rajbhandari et al. 2020), 4-byte gradients with `fp32_grads`; under a pipeline schedule with a backward pass
-  ZeRO-2/3 keep the stage's unsharded gradients and gathered weights through a round, so they hold ZeRO-1's
-  memory; FSDP without resharding after forward keeps the gathered weights (ZeRO-3 otherwise holds two gathered
-  layers); activations per layer and recompute mode times the micro-batches a stage holds, one layer's
-  activations while it is recomputed, and the logits on the last stage.
+The rules (the slowest stage sets the pace, the bubble, what data parallelism exposes, memory by ZeRO stage and
+schedule): docs/model.md, "The training stack" and "Memory".
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """What overlapping a tensor-parallel collective with its GEMM really costs (`--tp-overlap`), as each stack
-decomposes the pair. Over numpy arrays.
+decomposes the pair (Transformer Engine's userbuffers, PyTorch's symmetric-memory async TP): the chunked GEMMs'
+tiling, the transfer that cannot hide and the SMs the communication takes are charged to the tensor-parallel
+exchange. Over numpy arrays. Both need sequence parallelism: an all-reduce never hides.
 
-Hiding a sequence-parallel all-gather or reduce-scatter behind its GEMM means splitting the GEMM into chunks, each
-computed while the next chunk's data moves: the chunks are smaller GEMMs (fewer tiles, worse wave quantization:
-`rates.chunked_compute`), the first or last chunk's transfer cannot hide, and the communication kernels take SMs
-from the GEMM. What a pair shows beyond its plain GEMM time is charged to the tensor-parallel exchange:
-- Transformer Engine's userbuffers (Megatron-Core's --tp-comm-overlap; TransformerEngine@d0067d0
-  `pytorch/module/base.py` initialize_ub defaults, `common/comm_gemm_overlap/comm_gemm_overlap.cpp`):
-  an all-gather + GEMM is a ring exchange in tp chunks (copy engine, no SMs taken): the local chunk first, then
-  tp − 1 steps of max(chunk GEMM, chunk send); a GEMM + reduce-scatter is pipelined in 4 splits on 116 of 132 SMs
-  (16 SMs for the communication), the last split's reduce-scatter after the last GEMM; the backward's
-  reduce-scatter of the input gradient runs in bulk beside the weight-gradient GEMM on 16 SMs:
-  max(GEMM x SMs / (SMs − 16), collective);
-- PyTorch's symmetric-memory async TP (torch/distributed/_symmetric_memory `_fused_all_gather_matmul_impl`,
-  `_fused_matmul_reduce_scatter_impl`): all-gather + GEMM copies its shard and waits on a barrier, then runs the
-  local chunk and tp − 1 steps of max(chunk GEMM, chunk copy); GEMM + reduce-scatter runs tp − 1 steps of
-  max(chunk GEMM, chunk copy + barrier), the last chunk, and a pass that sums the tp partials (reads M x N,
-  writes M x N / tp).
-Both need sequence parallelism: an all-reduce (tensor parallelism without it) never hides.
+The decompositions and their sources: docs/model.md, "The training stack" (overlapped tensor parallelism).
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
-"""Predict the published measured runs shipped with stepscope and report the error of each.
-
-Data: `stepscope/data/validation/narayanan2021_table1.csv` (Narayanan et al. 2021, Table 1: Megatron-LM GPT
-on DGX A100 80GB, seq 2048, vocab 51200, mixed precision, full recomputation). Every run is predicted
-from first principles with the shipped A100-80GB preset and these documented assumptions (the table does
-not give them; none is fitted per row):
-- the model: GPT-2 architecture (LayerNorm, GELU MLP 4h, learned positions, tied embeddings, biases) with
-  the row's hidden size, layers and heads; dropout on (Megatron's GPT default 0.1);
-- the software of 2021: fp16 mixed precision, no flash attention (fused scale-mask-softmax, the s x s
-  scores are materialized), no sequence parallelism, no distributed optimizer, gradient all-reduce after
-  the backward pass (not overlapped), tensor-parallel all-reduces exposed;
-- gradients accumulated and all-reduced in fp32 (ASSUMED: Megatron forces this for bf16 only; with fp16
-  gradients the predictions are faster and the median error is 11% instead of 8%);
-- pipeline sends: every TP rank sends the whole boundary activation over its own NIC (Megatron 2021's
-  scatter/gather optimization, 1/t per rank plus an NVLink all-gather, is not modeled; pipeline traffic is
-  at most 7% of any predicted step here);
-- micro-batch size 1 and the plain (non-interleaved) 1F1B schedule (ASSUMED: Megatron-LM's published GPT
-  scripts for these sizes use micro-batch 1);
-- placement: tensor parallelism inside the 8-GPU NVLink domain, then data, then pipeline parallelism
-  (Megatron-LM's rank order).
+"""Predict the published measured runs shipped with stepscope (`validate.datasets`) and report the error of each:
 `run_validate` predicts a dataset and appends one `validate` record per run.
+
+Every run is predicted from first principles with its system preset and the assumptions its dataset documents
+(Narayanan et al. 2021's Table 1: docs/perfmodel.md, "stepscope validate"; the other datasets: each row's notes,
+docs/validation-data.md); none is fitted per row.
 
 Cross-validation (`ValidateConfig.cross_validate`): each run is also predicted with its system calibrated on
 the *other* runs of that system in the dataset (leave-one-out: one factor on the efficiency curve,
