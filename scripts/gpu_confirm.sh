@@ -49,7 +49,10 @@ part 120 attention $S attention --grid gpu-goal --impl sdpa,flash-triton --devic
 part 50 profile $S profile --model llama3-8b --n-layers 2 --seq 2048 --batch 1 --precision bf16 --device cuda \
   --nvtx --trace "$RESULTS/trace" --out "$RESULTS/records"
 part 50 profile-moe $S profile --model qwen3-30b-a3b --n-layers 2 --seq 2048 --batch 1 --precision bf16 \
-  --device cuda --out "$RESULTS/records"
+  --device cuda --trace "$RESULTS/trace-moe" --out "$RESULTS/records"
+# the MoE step beside the dense model of equal activated work, and its block piece by piece (issue 30)
+part 120 moe-vs-dense $S step --vs-dense --model qwen3-30b-a3b --n-layers 2 --seq 4096 --batch 1 \
+  --precision bf16 --warmup 2 --iters 5 --device cuda --out "$RESULTS/records"
 part 40 memory $S memory --model small --batch 8 --seq 512 --precision bf16 --device cuda \
   --snapshot "$RESULTS/snapshot.pickle" --out "$RESULTS/records"
 part 120 step-compiled $S step --model llama3-8b --n-layers 4 --seq 8192 --batch 1 --precision bf16 --compile \

@@ -13,7 +13,8 @@ A block this script rewrites is marked in the Markdown source:
 The marker holds the command line(s) and, after ` | `, filters for an excerpt:
 
 - `CMD1 && CMD2`: run both, in order; every command is shown as a `$` line, the output of the last one only;
-- `| show "TEXT"`: keep the table (or block) whose title line contains TEXT, up to the blank line after it;
+- `| show "TEXT"`: keep the table (or block) whose title line contains TEXT, up to the blank line after it (and
+  its `(continued)` parts);
 - `| line "TEXT"`: keep the first line containing TEXT;
 - `| head N`: keep the first N lines;
 - `| exit N`: the command is expected to exit with N (an example of a refusal), not 0;
@@ -22,8 +23,9 @@ The marker holds the command line(s) and, after ` | `, filters for an excerpt:
 
 Pieces that are not adjacent in the output are separated by a `...` line. The commands of one Markdown file run
 in one fresh working directory, in the order of the file, so a later block reads the records of an earlier one
-(`stepscope show out` after `stepscope step ... --out out`). In that directory `docs` is the repository's docs/
-and `../shared` the repository's `../shared` (the shared GPU traces), as from the repository root.
+(`stepscope show out` after `stepscope step ... --out out`). In that directory `docs` is the repository's docs/,
+`tests/data` the repository's (its GPU traces) and `../shared` the repository's `../shared` (the shared GPU
+traces), as from the repository root.
 
 Two kinds of blocks are left alone: `<!-- gpu-output: DEVICE, DATE -->` ... `<!-- /gpu-output -->` (measured on
 a GPU, which this machine may not have) and `<!-- measured: DEVICE, DATE -->` ... `<!-- /measured -->` (a CPU
@@ -110,10 +112,15 @@ def excerpt(lines: list[str], filters: list[tuple[str, str]]) -> list[str]:
 
 
 def _block_end(lines: list[str], start: int) -> int:
-    """The end of the table titled at `start`: the first blank line after its rule (─), else after `start`."""
+    """The end of the table titled at `start`: the first blank line after its rule (─), else after `start`; a
+    table too wide for 100 columns prints in parts titled `(continued)`, which belong to it."""
     rule = next((i for i in range(start, len(lines)) if "─" in lines[i]), None)
     after = rule if rule is not None else start
-    return next((i for i in range(after, len(lines)) if not lines[i].strip()), len(lines))
+    end = next((i for i in range(after, len(lines)) if not lines[i].strip()), len(lines))
+    following = next((i for i in range(end, len(lines)) if lines[i].strip()), None)
+    if following is not None and lines[following].strip() == "(continued)":
+        return _block_end(lines, following)
+    return end
 
 
 def stepscope_argv(command: str) -> tuple[list[str], dict[str, str]]:
@@ -167,6 +174,8 @@ def make_workdir(root: Path) -> Path:
     workdir = root / "run"
     workdir.mkdir()
     (workdir / "docs").symlink_to(REPO / "docs")
+    (workdir / "tests").mkdir()
+    (workdir / "tests" / "data").symlink_to(REPO / "tests" / "data")  # the shipped GPU traces
     shared = (REPO / ".." / "shared").resolve()
     if shared.exists():
         (root / "shared").symlink_to(shared)
