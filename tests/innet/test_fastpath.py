@@ -180,8 +180,8 @@ def test_whole_all_reduces_are_exact_with_either_path_on_either_side(monkeypatch
     quantization bound and the same on every rank, fastest-K (K = 2 of 3) preemptive."""
     monkeypatch.setenv(fastpath.ENV, worker_path)
     world, numel = 3, 2000
-    ints = [reference_input(4, r, numel, "i32") for r in range(world)]
-    floats = [reference_input(4, r, numel, "f32") for r in range(world)]
+    ints = [reference_input(4, r, numel, "int32") for r in range(world)]
+    floats = [reference_input(4, r, numel, "fp32") for r in range(world)]
     with Switch(SwitchConfig(port=0), data_path=switch_path) as switch:
         assert (switch.fast is not None) == (switch_path == "c")
 

@@ -38,7 +38,7 @@ def test_run_simulate_without_out_writes_nothing(tmp_path, monkeypatch):
 
 
 def test_a_bad_config_anywhere_in_the_sweep_writes_nothing(tmp_path):
-    with pytest.raises(UsageError, match="workers"):
+    with pytest.raises(UsageError, match="--world"):
         run_simulate([SimConfig(**TINY), SimConfig(**{**TINY, "workers": 1})], tmp_path)
     assert not list(tmp_path.iterdir())
 

@@ -51,12 +51,12 @@ def test_roofline_section_shows_the_records(tmp_path: Path) -> None:
     header = totals[0]
     gemm = next(dict(zip(header, row, strict=True)) for row in totals[1:] if row[header.index("family")] == "gemm")
     (record,) = [r for r in records if r["config"]["record"] == "roofline_total" and r["config"]["family"] == "gemm"]
-    assert float(gemm["tflops"]) == pytest.approx(record["metrics"]["tflops"], rel=1e-3)
+    assert float(gemm["TFLOPps"]) == pytest.approx(record["metrics"]["TFLOPps"], rel=1e-3)
     assert float(gemm["peak_pct"]) == pytest.approx(record["metrics"]["peak_pct"], rel=1e-3)
     shown = [dict(zip(ops[0], row, strict=True)) for row in ops[1:]]
     assert len(shown) == sum(r["config"]["record"] == "roofline" for r in records)
     times = [float(row["time_ms"]) for row in shown]
-    assert times == sorted(times, reverse=True) and {"op", "shape", "tflops", "bound"} <= set(ops[0])
+    assert times == sorted(times, reverse=True) and {"op", "shape", "TFLOPps", "bound"} <= set(ops[0])
 
 
 def test_no_roofline_records_no_section(tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ from stepscope.report.html import Page
 from stepscope.report.study import Study
 
 ANCHOR = "roofline"
-TOTAL_COLUMNS = ["rank", "family", "precision", "calls", "kernels", "time_ms", "gflop", "tflops", "peak_pct", "gbps",
+TOTAL_COLUMNS = ["rank", "family", "precision", "calls", "kernels", "time_ms", "GFLOP", "TFLOPps", "peak_pct", "GBps",
                  "bandwidth_pct"]
-OP_COLUMNS = ["rank", "op", "shape", "precision", "calls", "kernels", "time_ms", "gflop_per_call", "tflops",
-              "peak_pct", "gbps", "bandwidth_pct", "intensity_flop_per_byte", "bound"]
+OP_COLUMNS = ["rank", "op", "shape", "precision", "calls", "kernels", "time_ms", "GFLOP_per_call", "TFLOPps",
+              "peak_pct", "GBps", "bandwidth_pct", "intensity_FLOP_per_byte", "bound"]
 
 
 def roofline_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

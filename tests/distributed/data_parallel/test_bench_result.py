@@ -20,7 +20,7 @@ def variant(label: str, rounds_ms: list[float], alone_ms: float | None) -> Varia
     name = label.split()[0]
     cap = float(label.split()[1]) if name in ("bucketed", "torch") else None
     rounds = [r * MS for r in rounds_ms]
-    return VariantResult(label=label, variant=name, bucket_mb=cap, step=Stats.of(rounds), rounds=rounds,
+    return VariantResult(label=label, variant=name, bucket_MiB=cap, step=Stats.of(rounds), rounds=rounds,
                          comm_alone=None if alone_ms is None else Stats.of([alone_ms * MS] * 3), n_buckets=2,
                          max_rel_error=0.0, ok=True, comm_buffers_MiB=0.0, synced_grads_MiB=0.0, step_cores=1.0,
                          comm_cores=1.0)
@@ -35,7 +35,7 @@ def result() -> DDPBenchResult:
     where 1 - exposed / alone said -700 %); torch median(1 2 6.3 16 15) = 6.3 against 10 (overlap 37 %);
     naive: 2.9 in every round, exposed -0.1 against 1 ms alone (the step did not grow: overlap 100 %, not 110 %).
     """
-    config = DDPBenchConfig(model=get_preset("tiny"), variants=("naive", "bucketed", "torch"), bucket_mb=(1.0,),
+    config = DDPBenchConfig(model=get_preset("tiny"), variants=("naive", "bucketed", "torch"), bucket_MiB=(1.0,),
                             iters=5)
     compute = variant("compute", [3, 3, 3, 3, 3], None)
     variants = [variant("naive", [2.9] * 5, 1.0), variant("bucketed 1", [5, 6, 7, 20, 21], 0.5),

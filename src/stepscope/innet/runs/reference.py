@@ -21,6 +21,8 @@ def reference_input(seed: int, rank: int, numel: int, dtype: str, op_index: int 
     rng = np.random.default_rng([seed, rank, numel, op_index])
     if dtype == "int32":
         return rng.integers(-(2**20), 2**20, numel, dtype=np.int32)
+    if dtype != "fp32":  # a misspelt dtype must not quietly become floats
+        raise ValueError(f"dtype must be fp32 or int32, not {dtype!r}")
     return rng.standard_normal(numel).astype(np.float32)
 
 
