@@ -28,8 +28,10 @@ run: setup
 	$(VENV)/bin/stepscope step --model small --batch 4 --seq 128 --mode train --warmup 2 --iters 5
 	$(VENV)/bin/stepscope report stepscope-results -o stepscope-results/report.html
 
+# the suite on every core (pytest-xdist; TEST_WORKERS=0 runs it in this process, e.g. to debug one test)
+TEST_WORKERS ?= auto
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # Planted bugs (tests/mutants/mutants.toml), one at a time on a copy of the tree, each against the tests that must
 # catch it: caught/survived and a summary (docs/contributing-tests.md). Not part of `make test`: it runs the

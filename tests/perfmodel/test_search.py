@@ -27,7 +27,7 @@ SPACE = SearchSpace(tp=(1, 2, 4), pp=(1, 2, 4), cp=(1, 2), micro_batch=(1, 8, 32
 
 def brute_force(gpus: int) -> dict:
     """Every plan of SPACE on every one of the 24 placements, evaluated one by one with the reference."""
-    distinct = {}
+    distinct, seen = {}, set()
     for tp, pp, cp, mb, v, zero, rec, sp, flash, placement in itertools.product(
             SPACE.tp, SPACE.pp, SPACE.cp, SPACE.micro_batch, SPACE.interleave, SPACE.zero, SPACE.recompute,
             SPACE.sequence_parallel, SPACE.flash_attention, PLACEMENTS):
@@ -39,10 +39,13 @@ def brute_force(gpus: int) -> dict:
             plan.check(SPEC, WORKLOAD.batch, WORKLOAD.seq)
         except UsageError:
             continue
+        # placements that give every group the same stride are the same placement: evaluated once
+        key = (plan.replace(placement=DIMENSIONS), tuple(plan.stride(d) for d in DIMENSIONS if plan.size(d) > 1))
+        if key in seen:
+            continue
+        seen.add(key)
         p = evaluate(SPEC, WORKLOAD, plan, SYSTEM)
         if p.memory.feasible:
-            # placements that give every group the same stride are the same placement
-            key = (plan.replace(placement=DIMENSIONS), tuple(plan.stride(d) for d in DIMENSIONS if plan.size(d) > 1))
             distinct[key] = p.tokens_per_s
     return distinct
 
