@@ -10,12 +10,14 @@ from stepscope.errors import UsageError
 from stepscope.innet.wire.protocol import VALUES_PER_PIPE, sto_ticks_from_ms
 
 WORKLOADS = ("one", "waited", "batch")
-EMULATOR_SWITCH_MPPS = 0.5
+EMULATOR_SWITCH_MPPS = 2.5
 """`stepscope innet switch-bench --payload 1K` on this project's 2-core AMD EPYC VM (one switch core, 2 ranks,
-GSO/GRO, other agents sharing the cores): about 0.5 M packets in + out per CPU-second (docs/innet.md)."""
-EMULATOR_WORKER_MPPS = 0.2
-"""`stepscope innet bench --world 2 --sizes 4M` (1 KiB packets) on the same machine: a worker spends about 5 us of
-CPU per packet it sends and per result it takes, quantization included (docs/innet.md)."""
+GSO/GRO, the C fast path, a quiet machine): 2.5 M packets in + out per CPU-second of the switch (the numpy
+path: 0.45 M; docs/innet.md, "Before and after the C fast path")."""
+EMULATOR_WORKER_MPPS = 0.65
+"""`stepscope innet bench --world 2 --sizes 4M` (1 KiB packets) on the same machine, the C fast path: a worker
+spends about 1.5 us of CPU per packet it sends and per result it takes, quantization included (the numpy path:
+about 4.2 us; docs/innet.md)."""
 
 
 @dataclass(frozen=True)
