@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # numpy vs C data path, interleaved, 3 repeats: switch alone (switch on core 0, generator on core 1) and bench
 set -u
-cd $REPO
+cd "$(dirname "$0")/../../.."  # the repository root
 S=".venv/bin/stepscope"
 OUT=${1:-innet-data-paths}
 mkdir -p $OUT
