@@ -19,4 +19,9 @@ for rep in 1 2 3; do
     done
   done
 done
+# exact under faults: int32 sums checked element by element, C path
+for v in 256 4096; do
+  STEPSCOPE_INNET_DATA_PATH=c $S innet bench --world 2 --sizes 4M --call-mode per-op --iters 3 --warmup 1 --dtype int32 \
+    --check --drop 0.05 --duplicate 0.01 --reorder 0.01 --values-per-packet $v --out $OUT/check
+done
 echo done $OUT
