@@ -275,3 +275,16 @@ def test_memory_binds_at_the_hand_computed_bytes():
         if fits:
             assert result.top[0][0].zero == 1
 
+
+
+@pytest.mark.parametrize("preset", ["gpt2", "llama3-8b"])
+def test_without_a_pipeline_every_parameter_is_held_once(preset):
+    """pp 1, tp 1, no ZeRO: the GPU holds the model's exact parameter count, a tied vocabulary projection once
+    (GPT-2: 124,439,808 = 50,257 x 768 tokens + 1,024 x 768 positions + 12 blocks + the final norm); only a
+    pipeline's last stage holds a second copy of it."""
+    spec = get_preset(preset)
+    workload = Workload(batch=1, seq=512, precision="fp32", mode="train")
+    memory = evaluate(spec, workload, ParallelPlan(), load_system("H100-SXM")).memory
+    assert memory.weights == spec.param_count() * 4
+    if preset == "gpt2":
+        assert spec.param_count() == 124_439_808
