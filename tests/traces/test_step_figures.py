@@ -113,3 +113,14 @@ def test_no_rank_waiting_names_no_waiting_rank(tmp_path: Path) -> None:
     row = across_ranks(ranks)[0].row()
     assert row["max_wait_ms"] == 0 and row["waiting_rank"] is None
     assert row["slowest_rank"] == 1  # equal waits: the longer step
+
+
+def test_the_last_step_ends_at_its_own_last_kernel_not_at_later_gpu_work(tmp_path: Path) -> None:
+    """GPU work launched after the last step's CPU range (a final copy at 400-450, launched at 350, as a job's
+    teardown or a checkpoint leaves) belongs to no step: step 3 still spans 250-290, 40 µs."""
+    trace = three_steps()
+    trace.kernel(COMPUTE, 400, 50, launch_at=350)
+    rank = analyze(read_trace(trace.write(tmp_path / "r.json")))
+    last = rank.steps[-1]
+    assert last.step == 3 and last.breakdown.span_us == pytest.approx(40, rel=1e-12)
+    assert last.breakdown.busy_us == pytest.approx(40, rel=1e-12)
