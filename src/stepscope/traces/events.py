@@ -65,17 +65,11 @@ class Event(msgspec.Struct, gc=False):
     args: Args | None = None
 
 
-class _LooseArgs(msgspec.Struct, gc=False):
+class _LooseArgs(Args, gc=False):
+    """`Args` whose stream and correlation may be of any type (checked one by one in `_clean`)."""
+
     stream: Any = None
     correlation: Any = None
-    dims: msgspec.Raw = msgspec.field(default=NO_RAW, name="Input Dims")
-    types: msgspec.Raw = msgspec.field(default=NO_RAW, name="Input type")
-    concrete: msgspec.Raw = msgspec.field(default=NO_RAW, name="Concrete Inputs")
-    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
-    group_size: Any = msgspec.field(default=None, name="Group size")
-    dtype: Any = None
-    wait_on_stream: Any = None
-    wait_on_record: Any = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
 
 
 class _LooseEvent(msgspec.Struct, gc=False):
