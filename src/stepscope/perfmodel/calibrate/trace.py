@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import UsageError
+from stepscope.perfmodel.calibrate.fit import interpolation_weights
 from stepscope.perfmodel.calibrate.trace_categories import (
     measured_categories,
     model_kernels,
@@ -79,21 +80,6 @@ class TraceFit:
         self.rows.append({"parameter": parameter, "base": base, "fitted": fitted, "source": source})
 
 
-def harmonic_weights(gflop: float, knots: list[float]) -> np.ndarray:
-    """Weights of an op size on the knots: 1/η(size) = Σ w_k / η_k (harmonic in log size, clamped)."""
-    x, xs = math.log10(max(gflop, 1e-12)), [math.log10(k) for k in knots]
-    w = np.zeros(len(knots))
-    if x <= xs[0]:
-        w[0] = 1.0
-    elif x >= xs[-1]:
-        w[-1] = 1.0
-    else:
-        i = next(i for i in range(1, len(xs)) if x <= xs[i])
-        frac = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-        w[i - 1], w[i] = 1 - frac, frac
-    return w
-
-
 def fit_shapes(records: list[dict[str, Any]], base: SystemSpec, fit: TraceFit) -> SystemSpec:
     """`base` with what the roofline and collective-size records determine (see the module docstring)."""
     acc = base.accelerator
@@ -110,7 +96,7 @@ def fit_shapes(records: list[dict[str, Any]], base: SystemSpec, fit: TraceFit) -
         weight = np.zeros(len(knots))
         for r in gemm:
             m = r["metrics"]
-            w = harmonic_weights(m["GFLOP"] / max(m["kernels"], 1), knots)
+            w = interpolation_weights(1e9 * m["GFLOP"] / max(m["kernels"], 1), knots)  # per kernel
             time += w * m["time_ms"] / 1e3
             ideal += w * m["GFLOP"] * 1e9 / acc.matrix_peak(r["config"]["precision"])
             weight = np.maximum(weight, w)
