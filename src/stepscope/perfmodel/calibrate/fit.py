@@ -113,8 +113,8 @@ class PhaseModel:
         for kind, cost, count in terms:
             row[k + 2] += count * cost.kernels
             compute, coef = self._compute(kind, cost, precision, theta)
-            if kind == "vector":
-                compute_bound = cost.flops > vector_threshold * cost.bytes
+            if kind == "vector":  # an op that moves no bytes is bound by its FLOPs (inf x 0 would be nan)
+                compute_bound = cost.flops > vector_threshold * cost.bytes if cost.bytes else cost.flops > 0
             else:
                 compute_bound = compute >= cost.bytes * theta[k + 1]
             sides.append(compute_bound)
